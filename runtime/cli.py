@@ -1,0 +1,113 @@
+"""`nnrun --model FILE`: load, prepare and run a model, then print where time and memory went."""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def random_feed(name, dims, dtype, dim_values, rng):
+    """A random input: N(0,1) floats, small non-negative integers, random bools."""
+    shape = []
+    for d in dims or ():
+        if isinstance(d, int) and d >= 0:
+            shape.append(d)
+        elif isinstance(d, str) and d in dim_values:
+            shape.append(dim_values[d])
+        else:
+            shape.append(dim_values.get(name + ":" + str(len(shape)), 1))
+    dtype = np.dtype(dtype or np.float32)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(0, 16, size=shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    raise SystemExit(f"nnrun: cannot make a random value for input {name!r} of type {dtype}; "
+                     f"give it with --input {name}=FILE.npy")
+
+
+def parse_pairs(items, what):
+    pairs = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"nnrun: {what} must look like NAME=VALUE, got {item!r}")
+        pairs[name] = value
+    return pairs
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="nnrun", description=__doc__)
+    p.add_argument("--model", required=True, help="an .onnx or .tflite file")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="an input from a .npy file (default: random with a fixed seed)")
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE",
+                   help="the value of a symbolic dimension (default 1)")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--save-outputs", metavar="DIR", help="write each output as DIR/NAME.npy")
+    p.add_argument("--report", choices=("table", "json"), default="table")
+    p.add_argument("--threads", type=int, default=0, help="BLAS threads (default: the library's)")
+    p.add_argument("--no-mem-poll", action="store_true", help="do not sample RSS during phases")
+    for switch in ("fold-constants", "fold-batchnorm", "fuse-activations", "memory-aware-order",
+                   "release-weights"):
+        p.add_argument(f"--no-{switch}", action="store_true", help=f"turn off {switch.replace('-', ' ')}")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    import nnrun
+
+    options = nnrun.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    options.enable_mem_poll = not args.no_mem_poll
+    for switch in ("fold_constants", "fold_batchnorm", "fuse_activations", "memory_aware_order",
+                   "release_weights"):
+        if getattr(args, "no_" + switch):
+            setattr(options, switch, False)
+    dims = {k: int(v) for k, v in parse_pairs(args.dim, "--dim").items()}
+    files = parse_pairs(args.input, "--input")
+    try:
+        sess = nnrun.InferenceSession(args.model, sess_options=options)
+        rng = np.random.default_rng(args.seed)
+        feeds = {}
+        for arg in sess.graph.inputs:
+            if arg.name in files:
+                feeds[arg.name] = np.load(files[arg.name])
+            else:
+                feeds[arg.name] = random_feed(arg.name, arg.dims, arg.dtype, dims, rng)
+        unknown = set(files) - set(feeds)
+        if unknown:
+            raise nnrun.InputError(f"--input names {sorted(unknown)} are not inputs of the model")
+        for _ in range(args.warmup):
+            sess.run(None, feeds)
+        sess._recorder.discard_times("EXECUTE")
+        outputs = None
+        for _ in range(max(args.repeat, 1)):
+            outputs = sess.run(None, feeds)
+    except nnrun.NnrunError as e:
+        print(f"nnrun: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    if args.save_outputs:
+        os.makedirs(args.save_outputs, exist_ok=True)
+        for arg, value in zip(sess.get_outputs(), outputs):
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in arg.name)
+            np.save(os.path.join(args.save_outputs, safe + ".npy"), value)
+    report = sess.report()
+    report["model"] = args.model
+    if args.report == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        from .report import format_table
+
+        print(format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Graph rewrites before shape inference: Conv+BatchNormalization folding, activation fusion.
+
+Each rewrite takes the topologically ordered node list and the weights dict,
+returns a new node list, and may add weights (anonymous arrays: packed weights).
+The loader's Graph is never mutated. Each can be switched off in SessionOptions.
+"""
+
+import numpy as np
+
+from ..ir import Node, weight_array
+from ..ops.activation import FUSABLE
+
+
+def _consumers(nodes):
+    users = {}
+    for i, node in enumerate(nodes):
+        for name in node.inputs:
+            if name:
+                users.setdefault(name, []).append(i)
+    return users
+
+
+def _single_use(name, users, graph_outputs):
+    return len(users.get(name, ())) == 1 and name not in graph_outputs
+
+
+def fold_batchnorm(nodes, weights, graph_outputs):
+    """Conv -> BatchNormalization (inference, constant parameters) becomes one Conv.
+
+    W' = W * scale / sqrt(var + eps) per output channel, B' = (B - mean) * that + bias.
+    The new W' and B' are packed weights; the mapped originals are then unused and
+    released by the compiler.
+    """
+    users = _consumers(nodes)
+    fused_into = {}  # index of a BatchNormalization -> replacement Conv
+    dropped = set()
+    for i, conv in enumerate(nodes):
+        if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1:
+            continue
+        y = conv.outputs[0]
+        if not _single_use(y, users, graph_outputs):
+            continue
+        j = users[y][0]
+        bn = nodes[j]
+        if bn.op_type != "BatchNormalization" or bn.domain or bn.inputs[0] != y:
+            continue
+        if bn.attrs.get("training_mode", 0) or any(o for o in bn.outputs[1:]):
+            continue
+        params = conv.inputs[1:3] + bn.inputs[1:5]
+        if len(conv.inputs) < 2 or not all(p in weights for p in params if p) or len(bn.inputs) < 5:
+            continue
+        w = weight_array(weights[conv.inputs[1]])
+        if w.dtype.kind != "f":
+            continue
+        scale, bias, mean, var = (weight_array(weights[p]).astype(np.float64) for p in bn.inputs[1:5])
+        eps = bn.attrs.get("epsilon", 1e-5)
+        factor = scale / np.sqrt(var + eps)
+        if factor.shape != (w.shape[0],):
+            continue
+        b = (weight_array(weights[conv.inputs[2]]).astype(np.float64)
+             if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
+        new_w = (w * factor.reshape((-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)).astype(w.dtype)
+        new_b = ((b - mean) * factor + bias).astype(w.dtype)
+        base = conv.name or conv.outputs[0]
+        w_name, b_name = f"{base}/bn_folded_weight", f"{base}/bn_folded_bias"
+        weights[w_name] = new_w
+        weights[b_name] = new_b
+        fused_into[j] = Node(conv.name, "Conv", "", [conv.inputs[0], w_name, b_name],
+                             [bn.outputs[0]], dict(conv.attrs))
+        dropped.add(i)
+    out = []
+    for i, node in enumerate(nodes):
+        if i in dropped:
+            continue
+        out.append(fused_into.get(i, node))
+    return out
+
+
+def _activation_params(node, weights):
+    """(op_type, params) for a fusable activation node, or None if it cannot be fused."""
+    if node.op_type == "Clip":
+        params = {"min": node.attrs.get("min"), "max": node.attrs.get("max")}
+        for key, name in zip(("min", "max"), node.inputs[1:3]):
+            if not name:
+                continue
+            if name not in weights:
+                return None
+            params[key] = float(weight_array(weights[name]))
+        if params["min"] is None and "min" in node.attrs:
+            params["min"] = node.attrs["min"]
+        return ("Clip", params)
+    keep = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta")}.get(node.op_type, ())
+    return (node.op_type, {k: node.attrs[k] for k in keep if k in node.attrs})
+
+
+def fuse_activations(nodes, weights, graph_outputs, producers=("Conv", "Gemm", "MatMul")):
+    """Producer -> activation becomes the producer applying the activation in place."""
+    users = _consumers(nodes)
+    replaced = {}
+    dropped = set()
+    for i, prod in enumerate(nodes):
+        if prod.op_type not in producers or prod.domain or len(prod.outputs) != 1:
+            continue
+        if "_activation" in prod.attrs:
+            continue
+        y = prod.outputs[0]
+        if not _single_use(y, users, graph_outputs):
+            continue
+        j = users[y][0]
+        act = nodes[j]
+        if act.op_type not in FUSABLE or act.domain or act.inputs[0] != y:
+            continue
+        activation = _activation_params(act, weights)
+        if activation is None:
+            continue
+        attrs = dict(prod.attrs)
+        attrs["_activation"] = activation
+        replaced[j] = Node(prod.name, prod.op_type, "", list(prod.inputs), [act.outputs[0]], attrs)
+        dropped.add(i)
+    return [replaced.get(i, n) for i, n in enumerate(nodes) if i not in dropped]

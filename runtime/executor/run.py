@@ -1,0 +1,108 @@
+"""EXECUTE: run a frozen Plan over one arena.
+
+Per-run state — the arena, the slot table, the output arrays — lives in an
+`ArenaState` (reused between runs, one per concurrent run) and in locals; the
+Plan is only read. Kernels write into arena views; nothing allocates per step
+except what a kernel cannot avoid.
+"""
+
+import threading
+
+import numpy as np
+
+from ..errors import ExecutionError, NnrunError, node_label
+
+
+class ArenaState:
+    """One arena buffer and the slot table with every arena view made once."""
+
+    def __init__(self, plan):
+        self.arena = np.empty(plan.arena_bytes, dtype=np.uint8)
+        table = [None] * len(plan.slot_names)
+        for slot, value in plan.constants.items():
+            table[slot] = value.array() if hasattr(value, "array") else value
+        for a in plan.arena:
+            nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
+            table[a.slot] = self.arena[a.offset:a.offset + nbytes].view(a.dtype).reshape(a.shape)
+        self.table = table
+
+
+class Executor:
+    """Runs a Plan; thread-safe: concurrent runs take different ArenaStates."""
+
+    def __init__(self, plan, trace=None, stop_after=None):
+        self.plan = plan
+        self.trace = trace  # callable(step, outputs) after each step: a debugging knob
+        self.stop_after = stop_after  # run only steps [0, stop_after]
+        self._free = []
+        self._lock = threading.Lock()
+
+    def _take(self):
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return ArenaState(self.plan)
+
+    def _give(self, state):
+        with self._lock:
+            self._free.append(state)
+
+    def release_arenas(self):
+        with self._lock:
+            self._free.clear()
+
+    def run(self, feeds):
+        """feeds: name -> array (validated by the caller). Returns {output name: array}."""
+        plan = self.plan
+        state = self._take()
+        try:
+            env = list(state.table)
+            for name, (slot, _, _) in plan.feeds.items():
+                env[slot] = feeds[name]
+            for slot, (shape, dtype) in plan.fresh.items():
+                env[slot] = np.empty(shape, dtype)
+            self._steps(env)
+            results = {}
+            for name, slot in plan.outputs:
+                value = env[slot]
+                results[name] = value if slot in plan.fresh else np.array(value, copy=True)
+            return results
+        finally:
+            self._give(state)
+
+    def _steps(self, env):
+        trace, stop = self.trace, self.stop_after
+        for position, step in enumerate(self.plan.steps):
+            if stop is not None and position > stop:
+                break
+            try:
+                if step.alias_of >= 0:
+                    env[step.outputs[0]] = env[step.alias_of].reshape(step.alias_shape)
+                else:
+                    args = [env[i] if i >= 0 else None for i in step.inputs]
+                    outs = tuple(env[o] if o >= 0 else None for o in step.outputs)
+                    result = step.kernel.run(*args, outs=outs,
+                                             scratch=tuple(env[s] for s in step.scratch))
+                    if result is not None:
+                        _store(result, outs, step)
+            except NnrunError as e:
+                if node_label(step.index, step.node) in str(e):
+                    raise
+                raise type(e)(f"{node_label(step.index, step.node)} failed to run: {e}") from e
+            except Exception as e:  # noqa: BLE001 - every failure must name the node
+                raise ExecutionError(f"{node_label(step.index, step.node)} failed to run: "
+                                     f"{type(e).__name__}: {e}") from e
+            if trace is not None:
+                trace(step, [env[o] if o >= 0 else None for o in step.outputs])
+
+
+def _store(result, outs, step):
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for out, value in zip(outs, results):
+        if out is None:
+            continue
+        value = np.asarray(value)
+        if value.shape != out.shape:
+            raise ExecutionError(f"{node_label(step.index, step.node)}: kernel returned shape "
+                                 f"{value.shape}, the plan expected {out.shape}")
+        np.copyto(out, value, casting="unsafe")

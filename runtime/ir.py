@@ -1,0 +1,73 @@
+"""The typed graph passed from the loader to the compiler.
+
+A `Graph` is what MODEL_LOAD produces: nodes in file order, the graph's inputs and
+outputs with their declared types, and the weights, each either an
+`ExternalData` view into a mapped file or a small numpy array the loader had to
+decode (e.g. `int64_data`). Subgraphs of control-flow nodes are `Graph`s in the
+node's attributes. Nothing in here has read a weight byte.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .loader.mapped import ExternalData
+
+
+@dataclass
+class ValueInfo:
+    """A declared graph input, output or intermediate: name, dtype and dims.
+
+    A dim is an int, a symbolic name (str), or None when the file leaves it open.
+    """
+    name: str
+    dtype: np.dtype | None
+    dims: tuple | None  # None: rank unknown
+
+    @property
+    def is_static(self):
+        return self.dims is not None and all(isinstance(d, int) for d in self.dims)
+
+
+@dataclass
+class Node:
+    name: str
+    op_type: str
+    domain: str  # "" for the default ONNX domain ("ai.onnx" is normalised to "")
+    inputs: list  # names; "" marks an omitted optional input
+    outputs: list
+    attrs: dict = field(default_factory=dict)  # decoded: int, float, str, list, ndarray, ExternalData, Graph
+
+
+@dataclass
+class Graph:
+    name: str
+    nodes: list
+    inputs: list  # ValueInfo, initializers excluded
+    outputs: list  # ValueInfo
+    initializers: dict  # name -> ExternalData | np.ndarray
+    value_infos: dict = field(default_factory=dict)  # name -> ValueInfo
+    opsets: dict = field(default_factory=dict)  # domain -> version
+    source: Any = None  # the MappedFile the graph came from, if any
+    format: str = "onnx"
+    path: str | None = None
+
+
+def weight_array(weight):
+    """The numpy array of a weight: a mapped view or the array itself."""
+    if isinstance(weight, ExternalData):
+        return weight.array()
+    return weight
+
+
+def weight_nbytes(weight):
+    return weight.nbytes
+
+
+def weight_dtype(weight):
+    return np.dtype(weight.dtype)
+
+
+def weight_shape(weight):
+    return tuple(weight.shape)

@@ -1,0 +1,193 @@
+"""Mapped model files and the zero-copy weight views into them.
+
+A `MappedFile` owns a read-only mmap of one file (or wraps caller-owned bytes).
+An `ExternalData` names one tensor inside it: offset, byte length, dtype and
+shape. Nothing here reads a weight byte until `ExternalData.array()` is touched,
+and `MappedFile.release` hands the pages of packed weights back to the kernel
+(`madvise(MADV_DONTNEED)`), sparing pages that an unreleased weight still shares.
+"""
+
+import bisect
+import mmap
+import os
+
+import numpy as np
+
+from ..errors import ModelError
+
+PAGE_SIZE = mmap.PAGESIZE
+
+
+class MappedFile:
+    """A read-only mapping of a model or external-data file, or a view of bytes."""
+
+    def __init__(self, buffer, path=None, mapping=None):
+        self.path = path
+        self._mmap = mapping
+        self.buffer = memoryview(buffer).cast("B")
+        self.size = len(self.buffer)
+        # Byte ranges of weights that have not been released; sorted by start.
+        self._live_starts = []
+        self._live_ranges = []
+        self.released_bytes = 0
+
+    @classmethod
+    def open(cls, path):
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    return cls(b"", path=path)
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise ModelError(f"cannot map {path!r}: {e.strerror or e}") from None
+        return cls(mapping, path=path, mapping=mapping)
+
+    @classmethod
+    def from_bytes(cls, data):
+        return cls(data)
+
+    @property
+    def releasable(self):
+        return self._mmap is not None
+
+    @property
+    def address(self):
+        """The address of the first byte, to tell which arrays lie inside."""
+        if not self.size:
+            return 0
+        return np.frombuffer(self.buffer, dtype=np.uint8).ctypes.data
+
+    def tracked_ranges(self):
+        """Byte ranges of weights not yet released."""
+        return tuple(self._live_ranges)
+
+    def track(self, offset, nbytes):
+        """Record a weight's byte range, so a release spares pages it shares."""
+        i = bisect.bisect(self._live_starts, offset)
+        self._live_starts.insert(i, offset)
+        self._live_ranges.insert(i, (offset, offset + nbytes))
+
+    def _shared_with_live(self, page_start, page_end):
+        # Weight ranges do not overlap, so only the last one starting before
+        # page_end can reach into the page.
+        i = bisect.bisect_left(self._live_starts, page_end)
+        return i > 0 and self._live_ranges[i - 1][1] > page_start
+
+    def release(self, offset, nbytes):
+        """Drop the pages of [offset, offset+nbytes) that no tracked weight still uses.
+
+        The weight's range stops being tracked. The pages are clean and file backed,
+        so touching them again only re-reads them from the file.
+        """
+        try:
+            i = self._live_ranges.index((offset, offset + nbytes))
+        except ValueError:
+            return 0
+        del self._live_starts[i]
+        del self._live_ranges[i]
+        if self._mmap is None or nbytes == 0:
+            return 0
+        start = offset - offset % PAGE_SIZE
+        end = -(-(offset + nbytes) // PAGE_SIZE) * PAGE_SIZE
+        end = min(end, -(-self.size // PAGE_SIZE) * PAGE_SIZE)
+        if self._shared_with_live(start, start + PAGE_SIZE):
+            start += PAGE_SIZE
+        if end > start and self._shared_with_live(end - PAGE_SIZE, end):
+            end -= PAGE_SIZE
+        if end <= start:
+            return 0
+        length = min(end, self.size) - start
+        self._mmap.madvise(mmap.MADV_DONTNEED, start, length)
+        self.released_bytes += end - start
+        return end - start
+
+    def drop_resident(self):
+        """Unmap every page of the mapping from this process; they stay in the page cache.
+
+        The loader calls this after its walk: reading a tensor's header faults in
+        the pages around it, and a kernel that caches the file in large folios maps
+        a whole folio (up to 2 MB) per fault. Touching a weight later maps it again.
+        """
+        if self._mmap is not None and self.size:
+            self._mmap.madvise(mmap.MADV_DONTNEED)
+
+    def resident_bytes(self):
+        """RSS of this mapping as /proc/self/smaps reports it (Linux), else None."""
+        if self._mmap is None:
+            return None
+        return mapping_rss_bytes(self.address)
+
+
+def mapping_rss_bytes(address):
+    """The Rss of the /proc/self/smaps region that contains `address`."""
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split(" ", 1)[0]
+                if "-" in head and ":" not in head:
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= address < hi
+                elif inside and line.startswith("Rss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class ExternalData:
+    """One tensor's bytes inside a `MappedFile`: a zero-copy, read-only view on demand."""
+
+    __slots__ = ("source", "offset", "nbytes", "dtype", "shape", "name")
+
+    def __init__(self, source, offset, nbytes, dtype, shape, name=""):
+        self.source = source
+        self.offset = offset
+        self.nbytes = nbytes
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.name = name
+        check_extent(source, offset, nbytes, self.dtype, self.shape, name)
+        source.track(offset, nbytes)
+
+    def array(self):
+        """A read-only numpy view of the tensor; touching it pages the bytes in."""
+        count = self.nbytes // self.dtype.itemsize
+        flat = np.frombuffer(self.source.buffer, dtype=self.dtype.newbyteorder("<"),
+                             count=count, offset=self.offset)
+        if not self.dtype.isnative:
+            flat = flat.astype(self.dtype)
+        view = flat.reshape(self.shape)
+        view.flags.writeable = False
+        return view
+
+    def release(self):
+        """Hand this weight's pages back; returns the bytes dropped."""
+        return self.source.release(self.offset, self.nbytes)
+
+    def __repr__(self):
+        return (f"ExternalData({self.name!r}, offset={self.offset}, nbytes={self.nbytes}, "
+                f"dtype={self.dtype}, shape={self.shape})")
+
+
+def check_extent(source, offset, nbytes, dtype, shape, name):
+    """Validate a tensor's placement before any view is made of it."""
+    where = f"tensor {name!r}" if name else "tensor"
+    if offset < 0 or nbytes < 0:
+        raise ModelError(f"{where}: negative offset or length ({offset}, {nbytes})")
+    if offset + nbytes > source.size:
+        raise ModelError(f"{where}: data at byte offset {offset} with length {nbytes} "
+                         f"runs past the end of {source.path or 'the buffer'} ({source.size} bytes)")
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise ModelError(f"{where}: negative dimension {d} in shape {list(shape)}")
+        count *= d
+        if count * dtype.itemsize > source.size:
+            raise ModelError(f"{where}: shape {list(shape)} claims more bytes than the file holds "
+                             f"({source.size})")
+    if count * dtype.itemsize != nbytes:
+        raise ModelError(f"{where}: shape {list(shape)} of {dtype} needs {count * dtype.itemsize} "
+                         f"bytes, the data holds {nbytes}")

@@ -1,0 +1,125 @@
+"""The operator registry and the contract every kernel follows.
+
+An op is a `Kernel` subclass registered under (domain, op type, since-version);
+the model's opset picks the largest registered version at or below it.
+Registering the same key twice is an error.
+
+A kernel object belongs to one node. Its life:
+
+1. `__init__` decodes the node's attributes once, with the spec's defaults
+   (class attribute `attributes`: name -> default, `REQUIRED` for none).
+2. `infer(*inputs)` is the shape rule: from `TensorInfo`s (shape, dtype, and
+   `value` when the input is known at PREPARE) it returns one `TensorInfo` per
+   output. It may fill `value` itself (Shape does), or set `alias_of=i` when the
+   output is input i's buffer under a new shape (Reshape, Flatten, Squeeze...).
+   Omitted optional inputs arrive as None.
+3. `prepare(*inputs)` runs once the shapes are known. It may pack constant
+   inputs into the layout the kernel wants (keeping the packed arrays on `self`)
+   and then lists their indices in `self.packed`: those inputs are not passed to
+   `run` and their mapped pages may be released. It may ask for scratch buffers
+   by returning a list of (shape, dtype); they live in the arena for this step.
+4. `run(*inputs, outs, scratch)` computes. `outs` is a tuple of preallocated
+   arrays (arena views or the caller's output arrays) to write into; `scratch`
+   the tuple of scratch arrays. A kernel that cannot write in place returns its
+   results instead (an array, or a tuple for several outputs) and the executor
+   copies them into `outs`.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ModelError
+
+REQUIRED = object()
+
+_registry = {}  # (domain, op_type) -> sorted list of (since, cls)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the compiler knows of a value: shape, dtype, maybe its value."""
+    shape: tuple
+    dtype: np.dtype
+    value: np.ndarray | None = None
+    alias_of: int | None = None
+
+    @property
+    def nbytes(self):
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def size(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @classmethod
+    def of(cls, array):
+        """A known value."""
+        array = np.asarray(array)
+        return cls(tuple(array.shape), array.dtype, array)
+
+
+class Kernel:
+    """Base of every op; see the module docstring for the contract."""
+
+    attributes = {}
+    foldable = True  # may run at PREPARE when every input is known
+    packed = frozenset()
+
+    def __init__(self, node, opset):
+        self.node = node
+        self.opset = opset
+        for name, default in self.attributes.items():
+            if name in node.attrs:
+                value = node.attrs[name]
+            elif default is REQUIRED:
+                raise ModelError(f"{node.op_type} node {node.name!r}: attribute {name!r} is required")
+            else:
+                value = default
+            setattr(self, name, value)
+        self.decode()
+
+    def decode(self):
+        """Check and normalise attributes once; raise ModelError when they are wrong."""
+
+    def infer(self, *inputs):
+        raise NotImplementedError
+
+    def prepare(self, *inputs):
+        return []
+
+    def run(self, *inputs, outs, scratch):
+        raise NotImplementedError
+
+
+def register(op_type, since=1, domain=""):
+    """Class decorator: register a Kernel for (domain, op_type) from opset `since`."""
+
+    def wrap(cls):
+        versions = _registry.setdefault((domain, op_type), [])
+        if any(v == since for v, _ in versions):
+            raise RuntimeError(f"{domain or 'ai.onnx'}.{op_type} version {since} registered twice")
+        versions.append((since, cls))
+        versions.sort(key=lambda vc: vc[0])
+        return cls
+
+    return wrap
+
+
+def lookup(domain, op_type, opset):
+    """The kernel class for the largest registered version <= opset, or None."""
+    best = None
+    for since, cls in _registry.get((domain, op_type), ()):
+        if since <= opset:
+            best = cls
+    return best
+
+
+def registered():
+    return {key: [v for v, _ in versions] for key, versions in _registry.items()}

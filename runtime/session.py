@@ -1,0 +1,210 @@
+"""The Python API, with onnxruntime's names: InferenceSession, SessionOptions, NodeArg.
+
+A session loads the model (MODEL_LOAD), prepares one Plan per input-shape
+signature (PREPARE: at construction when every input shape is static, else on
+the first run with a new signature) and runs plans (EXECUTE), recording each
+phase's time and memory for `report()`.
+"""
+
+import os
+import threading
+
+import numpy as np
+
+from . import ops
+from .compiler.build import CompileOptions, compile_graph
+from .errors import InputError, NnrunError
+from .executor import Executor
+from .loader import load_model
+from .report import PhaseRecorder
+
+_ONNX_TYPE = {np.dtype(k): v for k, v in {
+    "float32": "float", "float64": "double", "float16": "float16", "int8": "int8",
+    "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",
+    "uint32": "uint32", "uint64": "uint64", "bool": "bool", "complex64": "complex64",
+    "complex128": "complex128", "object": "string"}.items()}
+
+
+class SessionOptions:
+    """Session switches. onnxruntime's names where they exist; nnrun's memory switches besides."""
+
+    def __init__(self):
+        self.intra_op_num_threads = 0  # 0: the BLAS library's default
+        self.inter_op_num_threads = 0  # accepted for compatibility; nnrun runs one step at a time
+        self.enable_mem_poll = True  # sample RSS on a thread during each phase
+        self.mem_poll_interval_ms = 2.0
+        self.fold_constants = True
+        self.fold_batchnorm = True
+        self.fuse_activations = True
+        self.memory_aware_order = True
+        self.release_weights = True  # madvise away the mapped pages of packed weights
+        self.log_severity_level = 2
+
+    def compile_options(self):
+        return CompileOptions(fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
+                              fuse_activations=self.fuse_activations,
+                              memory_aware_order=self.memory_aware_order,
+                              release_weights=self.release_weights)
+
+
+class NodeArg:
+    """An input or output as onnxruntime describes it."""
+
+    def __init__(self, name, shape, type):
+        self.name = name
+        self.shape = shape
+        self.type = type
+
+    def __repr__(self):
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+def _type_name(dtype):
+    if dtype is None:
+        return "tensor(undefined)"
+    return f"tensor({_ONNX_TYPE.get(np.dtype(dtype), np.dtype(dtype).name)})"
+
+
+class InferenceSession:
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None,
+                 **kwargs):
+        self._options = sess_options or SessionOptions()
+        ops.load_all()
+        self._recorder = PhaseRecorder(poll=self._options.enable_mem_poll,
+                                       interval_s=self._options.mem_poll_interval_ms / 1e3)
+        is_path = isinstance(path_or_bytes, (str, os.PathLike))
+        self._model_path = os.fspath(path_or_bytes) if is_path else None
+        with self._recorder.phase("MODEL_LOAD"):
+            self._graph = load_model(path_or_bytes)
+        self._plans = {}  # signature -> (Plan, Executor)
+        self._plan_lock = threading.Lock()
+        self._last = None
+        self._last_outputs = {}
+        if all(v.is_static for v in self._graph.inputs):
+            self._executor_for(tuple((v.name, tuple(v.dims), np.dtype(v.dtype))
+                                     for v in self._graph.inputs))
+
+    # --- onnxruntime's introspection
+    def get_inputs(self):
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype))
+                for v in self._graph.inputs]
+
+    def get_outputs(self):
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype))
+                for v in self._graph.outputs]
+
+    def get_providers(self):
+        return ["CPUExecutionProvider"]
+
+    def get_session_options(self):
+        return self._options
+
+    # --- running
+    def run(self, output_names, input_feed, run_options=None):
+        feeds = self._check_feeds(input_feed)
+        signature = tuple((name, feeds[name].shape, feeds[name].dtype)
+                          for name in (v.name for v in self._graph.inputs))
+        executor = self._executor_for(signature)
+        with self._threads(), self._recorder.phase("EXECUTE"):
+            results = executor.run(feeds)
+        self._last = executor.plan
+        self._last_outputs = {n: (list(a.shape), str(a.dtype)) for n, a in results.items()}
+        if output_names is None:
+            return [results[v.name] for v in self._graph.outputs]
+        missing = [n for n in output_names if n not in results]
+        if missing:
+            raise InputError(f"unknown output names {missing}; the model's outputs are "
+                             f"{[v.name for v in self._graph.outputs]}")
+        return [results[n] for n in output_names]
+
+    def _threads(self):
+        from contextlib import nullcontext
+
+        n = self._options.intra_op_num_threads
+        if not n:
+            return nullcontext()
+        from threadpoolctl import threadpool_limits
+
+        return threadpool_limits(limits=n)
+
+    def _executor_for(self, signature):
+        with self._plan_lock:
+            found = self._plans.get(signature)
+            if found is None:
+                feeds = {name: (shape, dtype) for name, shape, dtype in signature}
+                with self._recorder.phase("PREPARE"):
+                    plan = compile_graph(self._graph, feeds, self._options.compile_options())
+                found = self._plans[signature] = Executor(plan)
+                self._last = plan
+        return found
+
+    def _check_feeds(self, input_feed):
+        if not isinstance(input_feed, dict):
+            raise InputError("input_feed must be a dict of input name -> array")
+        declared = {v.name: v for v in self._graph.inputs}
+        unknown = [n for n in input_feed if n not in declared]
+        if unknown:
+            raise InputError(f"unknown input names {unknown}; the model's inputs are {list(declared)}")
+        feeds = {}
+        for name, info in declared.items():
+            if name not in input_feed:
+                raise InputError(f"input {name!r} is missing")
+            value = input_feed[name]
+            array = np.asarray(value)
+            if info.dtype is not None and array.dtype != info.dtype:
+                if not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind"):
+                    array = array.astype(info.dtype)
+                else:
+                    raise InputError(f"input {name!r}: expected {_type_name(info.dtype)}, "
+                                     f"got {_type_name(array.dtype)}")
+            if info.dims is not None:
+                if array.ndim != len(info.dims):
+                    raise InputError(f"input {name!r}: expected rank {len(info.dims)} "
+                                     f"(shape {list(info.dims)}), got shape {list(array.shape)}")
+                for axis, (want, got) in enumerate(zip(info.dims, array.shape)):
+                    if isinstance(want, int) and want >= 0 and want != got:
+                        raise InputError(f"input {name!r}: dimension {axis} must be {want}, got "
+                                         f"{got} (shape {list(array.shape)})")
+            feeds[name] = np.ascontiguousarray(array)
+        return feeds
+
+    # --- reporting
+    def report(self):
+        """The report of DESIGN.md for what has run so far, as a dict."""
+        rec = self._recorder
+        phases = rec.phases()
+        plan = self._last
+        stats = plan.stats if plan else {}
+        report = {
+            "model": self._model_path if self._model_path else "<bytes>",
+            "format": self._graph.format,
+            "baseline": {"rss_kb": rec.baseline_kb},
+            "phases": phases,
+            "peak": {"rss_kb": max(p["rss_kb"] for p in phases.values()),
+                     "hwm_kb": max(p["hwm_kb"] for p in phases.values())},
+            "plan": {
+                "arena_bytes": plan.arena_bytes if plan else 0,
+                "lower_bound_bytes": plan.lower_bound_bytes if plan else 0,
+                "weights_mapped_bytes": stats.get("weights_mapped_bytes", 0),
+                "weights_packed_bytes": stats.get("weights_packed_bytes", 0),
+                "weights_released_bytes": stats.get("weights_released_bytes", 0),
+                "steps": stats.get("steps", 0),
+                "plans": len(self._plans),
+            },
+            "outputs": {n: {"shape": s, "dtype": d} for n, (s, d) in self._last_outputs.items()},
+        }
+        return report
+
+    # --- for tools and tests
+    @property
+    def graph(self):
+        return self._graph
+
+    def plan(self, signature=None):
+        """The Plan for a signature (default: the last one prepared or run)."""
+        if signature is None:
+            return self._last
+        return self._plans[signature].plan
+
+
+__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "NnrunError"]
