@@ -1,0 +1,143 @@
+"""The Python API: onnxruntime's names and behaviour, errors, the report, the switches."""
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import nnrun
+from oracle import assert_close, check_model, make_model, run_onnxruntime
+
+MODELS = "models"
+
+
+def conv_relu_model():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    scale, bias = rng.random(8).astype(np.float32) + 0.5, rng.standard_normal(8).astype(np.float32)
+    mean, var = rng.standard_normal(8).astype(np.float32), rng.random(8).astype(np.float32) + 0.1
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"], epsilon=1e-3),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["y"]),
+    ]
+    inits = [("w", w), ("b", b), ("s", scale), ("bb", bias), ("m", mean), ("v", var),
+             ("shape", np.array([1, -1], np.int64))]
+    return make_model(nodes, [("x", (np.float32, [1, 3, 10, 10]))], [("y", None)], inits)
+
+
+def test_get_inputs_and_outputs_like_onnxruntime():
+    import onnxruntime as ort
+
+    path = f"{MODELS}/bert_tiny.onnx"
+    ours = nnrun.InferenceSession(path)
+    theirs = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for a, b in zip(ours.get_inputs() + ours.get_outputs(), theirs.get_inputs() + theirs.get_outputs()):
+        assert (a.name, a.type) == (b.name, b.type)
+        assert a.shape == b.shape
+
+
+def test_output_names_select_outputs():
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["b"])],
+                       [("x", x)], [("a", None), ("b", None)])
+    sess = nnrun.InferenceSession(model.SerializeToString())
+    expected = run_onnxruntime(model, {"x": x})
+    (b,) = sess.run(["b"], {"x": x})
+    assert_close(b, expected[1])
+    with pytest.raises(nnrun.InputError, match="unknown output"):
+        sess.run(["nope"], {"x": x})
+
+
+def test_fold_and_fuse_match_onnxruntime_with_every_switch():
+    model = conv_relu_model()
+    x = np.random.default_rng(2).standard_normal((1, 3, 10, 10)).astype(np.float32)
+    steps = {}
+    for switch in (None, "fold_batchnorm", "fuse_activations", "fold_constants", "memory_aware_order",
+                   "release_weights"):
+        options = nnrun.SessionOptions()
+        if switch:
+            setattr(options, switch, False)
+        check_model(model, {"x": x}, rtol=1e-4, sess_options=options)
+        sess = nnrun.InferenceSession(model.SerializeToString(), sess_options=options)
+        steps[switch] = sess.report()["plan"]["steps"]
+    # Conv+BN+Relu became one step (plus the Reshape view).
+    assert steps[None] == 2
+    assert steps["fold_batchnorm"] == 4  # Conv, BatchNormalization, Relu, Reshape
+    assert steps["fuse_activations"] == 3
+
+
+def test_input_errors_name_the_input():
+    sess = nnrun.InferenceSession(conv_relu_model().SerializeToString())
+    good = np.zeros((1, 3, 10, 10), np.float32)
+    with pytest.raises(nnrun.InputError, match="'x' is missing"):
+        sess.run(None, {})
+    with pytest.raises(nnrun.InputError, match="unknown input names"):
+        sess.run(None, {"x": good, "z": good})
+    with pytest.raises(nnrun.InputError, match="'x'.*tensor\\(float\\).*tensor\\(double\\)"):
+        sess.run(None, {"x": good.astype(np.float64)})
+    with pytest.raises(nnrun.InputError, match="'x': dimension 2 must be 10"):
+        sess.run(None, {"x": np.zeros((1, 3, 11, 10), np.float32)})
+    with pytest.raises(nnrun.InputError, match="rank 4"):
+        sess.run(None, {"x": np.zeros((3, 10, 10), np.float32)})
+
+
+def test_unsupported_operators_are_listed_at_once():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("NoSuchOp", ["a"], ["b"]),
+             helper.make_node("AlsoMissing", ["b"], ["y"], domain="com.example")]
+    model = make_model(nodes, [("x", (np.float32, [2]))], [("y", None)],
+                       extra_opsets=[("com.example", 1)])
+    with pytest.raises(nnrun.UnsupportedOperatorError) as info:
+        nnrun.InferenceSession(model.SerializeToString())
+    assert "NoSuchOp" in str(info.value) and "com.example.AlsoMissing" in str(info.value)
+    assert isinstance(info.value, nnrun.NnrunError)
+
+
+def test_report_has_the_contract_fields():
+    sess = nnrun.InferenceSession(f"{MODELS}/tiny_cnn.onnx")
+    x = np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32)
+    sess.run(None, {sess.get_inputs()[0].name: x})
+    report = sess.report()
+    assert report["format"] == "onnx" and report["model"].endswith("tiny_cnn.onnx")
+    assert report["baseline"]["rss_kb"] > 0
+    for phase in ("MODEL_LOAD", "PREPARE", "EXECUTE"):
+        assert report["phases"][phase]["rss_kb"] >= report["baseline"]["rss_kb"] * 0.5
+        assert report["phases"][phase]["hwm_kb"] > 0
+    assert set(report["phases"]["EXECUTE"]["time_ms"]) == {"min", "max", "mean", "median", "geomean"}
+    assert report["phases"]["EXECUTE"]["runs"] == 1
+    assert set(report["plan"]) >= {"arena_bytes", "lower_bound_bytes", "weights_mapped_bytes",
+                                   "weights_packed_bytes", "weights_released_bytes", "steps"}
+    assert report["peak"]["hwm_kb"] == max(p["hwm_kb"] for p in report["phases"].values())
+    (name,) = report["outputs"]
+    assert report["outputs"][name] == {"shape": [1, 10], "dtype": "float32"}
+
+
+def test_graph_outputs_are_not_overwritten_by_later_runs():
+    path = f"{MODELS}/tiny_cnn.onnx"
+    sess = nnrun.InferenceSession(path)
+    name = sess.get_inputs()[0].name
+    rng = np.random.default_rng(0)
+    x1, x2 = (rng.standard_normal((1, 1, 28, 28)).astype(np.float32) for _ in range(2))
+    first = sess.run(None, {name: x1})[0]
+    kept = first.copy()
+    sess.run(None, {name: x2})
+    np.testing.assert_array_equal(first, kept)
+
+
+def test_runs_from_threads_agree_with_onnxruntime():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import onnxruntime as ort
+
+    path = f"{MODELS}/mobilenet_tiny.onnx"
+    sess = nnrun.InferenceSession(path)
+    oracle = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    shape = sess.get_inputs()[0].shape
+    feeds = [np.random.default_rng(i).standard_normal(shape).astype(np.float32) for i in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda x: sess.run(None, {name: x})[0], feeds))
+    for x, y in zip(feeds, results):
+        assert_close(y, oracle.run(None, {name: x})[0], rtol=1e-3)
