@@ -122,7 +122,7 @@ def test_external_data_variant(tmp_path):
 def test_build_is_idempotent_and_ensure_uses_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NNRUN_CACHE", str(tmp_path))
     path = bm.ensure("resnet50", width=4, size=32)
-    assert path == tmp_path / "resnet50-size32-width4.onnx"
+    assert path == tmp_path / "models" / "resnet50-size32-width4.onnx"
     stamp = path.stat().st_mtime_ns
     assert bm.ensure("resnet50", width=4, size=32) == path and path.stat().st_mtime_ns == stamp
     assert bm.ensure("tiny_cnn") == bm.REPO_MODELS / "tiny_cnn.onnx"

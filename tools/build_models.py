@@ -8,7 +8,7 @@ and files carry no timestamps, so a rebuild gives the same bytes.
     python -m nnrun_tools.build_models --small        # the models committed in models/
     python -m nnrun_tools.build_models --list
 
-Large models go to a cache directory ($NNRUN_CACHE, else ~/.cache/nnrun/models); the small ones
+Large models go to a cache directory ($NNRUN_CACHE/models, else ~/.cache/nnrun/models); the small ones
 to the repository's models/. From Python: `build(name, out_dir)` and `ensure(name)` return the path.
 """
 
@@ -270,7 +270,8 @@ MODELS = {
 
 
 def cache_dir():
-    return Path(os.environ.get("NNRUN_CACHE") or Path.home() / ".cache" / "nnrun" / "models")
+    root = os.environ.get("NNRUN_CACHE")
+    return Path(root) / "models" if root else Path.home() / ".cache" / "nnrun" / "models"
 
 
 def default_dir(name):
