@@ -166,7 +166,7 @@ class InferenceSession:
                     if isinstance(want, int) and want >= 0 and want != got:
                         raise InputError(f"input {name!r}: dimension {axis} must be {want}, got "
                                          f"{got} (shape {list(array.shape)})")
-            feeds[name] = np.ascontiguousarray(array)
+            feeds[name] = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         return feeds
 
     # --- reporting

@@ -65,7 +65,8 @@ def assert_close(actual, expected, rtol=1e-4, atol=None, what=""):
     if expected.dtype.kind in "biuU" or expected.dtype == object:
         np.testing.assert_array_equal(actual, expected, err_msg=what)
         return
-    scale = float(np.max(np.abs(expected[np.isfinite(expected)]))) if expected.size else 0.0
+    finite_values = expected[np.isfinite(expected)]
+    scale = float(np.max(np.abs(finite_values))) if finite_values.size else 0.0
     tol = atol if atol is not None else rtol * max(scale, 1e-6)
     np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected), err_msg=f"{what}: NaN mismatch")
     finite = np.isfinite(expected)

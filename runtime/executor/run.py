@@ -61,7 +61,9 @@ class Executor:
                 env[slot] = feeds[name]
             for slot, (shape, dtype) in plan.fresh.items():
                 env[slot] = np.empty(shape, dtype)
-            self._steps(env)
+            # inf and NaN are values like any other here, as in onnxruntime: no warnings.
+            with np.errstate(all="ignore"):
+                self._steps(env)
             results = {}
             for name, slot in plan.outputs:
                 value = env[slot]

@@ -1,0 +1,111 @@
+"""Matrix products: Gemm and MatMul.
+
+Weights are used as they lie in the mapping: a transposed operand is a
+transposed view, which BLAS reads with its transpose flag, so no weight is ever
+packed or copied. The product goes straight into the output; alpha, beta * C
+and a fused activation (`_activation`, see activation.py) are applied to it in
+place.
+"""
+
+import math
+
+import numpy as np
+
+from ..errors import ModelError
+from .activation import apply_activation
+from .elementwise import broadcast_shape, check_same_dtype, describe
+from .registry import Kernel, TensorInfo, register
+
+
+@register("Gemm", since=7)
+class Gemm(Kernel):
+    """Y = alpha * A' @ B' + beta * C; C broadcasts to Y one way, optional from opset 11."""
+
+    attributes = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
+
+    def decode(self):
+        self.activation = self.node.attrs.get("_activation")
+
+    def infer(self, a, b, c=None):
+        check_same_dtype(self.node, a, b, c)
+        if len(a.shape) != 2 or len(b.shape) != 2:
+            raise ModelError(f"{describe(self.node)}: A and B must be matrices, "
+                             f"got shapes {a.shape} and {b.shape}")
+        m, k = reversed(a.shape) if self.transA else a.shape
+        kb, n = reversed(b.shape) if self.transB else b.shape
+        if k != kb:
+            raise ModelError(f"{describe(self.node)}: inner dimensions differ: A {a.shape} "
+                             f"(transA={self.transA}) @ B {b.shape} (transB={self.transB})")
+        if c is not None and broadcast_shape(self.node, c.shape, (m, n)) != (m, n):
+            raise ModelError(f"{describe(self.node)}: C of shape {c.shape} does not broadcast "
+                             f"to the output's shape {(m, n)}")
+        return [TensorInfo((m, n), a.dtype)]
+
+    def prepare(self, a, b, c=None):
+        # How C reaches the output: added as it lies when beta is 1; otherwise scaled once here
+        # when it is a constant (it is usually a bias of N values), else per run into scratch.
+        self.bias = None
+        self.scale_c = False
+        self.packed = frozenset()
+        if c is None or self.beta == 0:
+            self.add_c = False
+            return []
+        self.add_c = True
+        if self.beta == 1:
+            return []
+        if c.value is not None:
+            self.bias = np.multiply(c.value, c.dtype.type(self.beta))
+            self.packed = frozenset({2})
+            return []
+        self.scale_c = True
+        return [(tuple(c.shape), c.dtype)]
+
+    def run(self, a, b, c=None, *, outs, scratch):
+        y = outs[0]
+        np.matmul(a.T if self.transA else a, b.T if self.transB else b, out=y)
+        if self.alpha != 1:
+            np.multiply(y, y.dtype.type(self.alpha), out=y)
+        if self.add_c:
+            if self.bias is not None:
+                c = self.bias
+            elif self.scale_c:
+                c = np.multiply(c, y.dtype.type(self.beta), out=scratch[0])
+            np.add(y, c, out=y)
+        apply_activation(y, self.activation)
+
+
+@register("MatMul", since=1)
+class MatMul(Kernel):
+    """numpy.matmul semantics: 1-D operands are promoted then squeezed, batch dims broadcast."""
+
+    def decode(self):
+        self.activation = self.node.attrs.get("_activation")
+
+    def infer(self, a, b):
+        check_same_dtype(self.node, a, b)
+        if not a.shape or not b.shape:
+            raise ModelError(f"{describe(self.node)}: operands must have rank >= 1, "
+                             f"got shapes {a.shape} and {b.shape}")
+        a_shape = (1,) + tuple(a.shape) if len(a.shape) == 1 else tuple(a.shape)
+        b_shape = tuple(b.shape) + (1,) if len(b.shape) == 1 else tuple(b.shape)
+        if a_shape[-1] != b_shape[-2]:
+            raise ModelError(f"{describe(self.node)}: inner dimensions differ: "
+                             f"{a.shape} @ {b.shape}")
+        batch = broadcast_shape(self.node, a_shape[:-2], b_shape[:-2])
+        shape = batch + (a_shape[-2],) * (len(a.shape) > 1) + (b_shape[-1],) * (len(b.shape) > 1)
+        # A batch of rows against one matrix (every Linear layer of a transformer) is one
+        # GEMM over the stacked rows, not one call per batch entry.
+        self.stacked = None
+        if len(a.shape) > 2 and len(b.shape) == 2:
+            rows = math.prod(a.shape[:-1])
+            self.stacked = ((rows, a.shape[-1]), (rows, b.shape[-1]))
+        return [TensorInfo(shape, a.dtype)]
+
+    def run(self, a, b, *, outs, scratch):
+        y = outs[0]
+        if self.stacked is not None:
+            a_rows, y_rows = self.stacked
+            np.matmul(a.reshape(a_rows), b, out=y.reshape(y_rows))
+        else:
+            np.matmul(a, b, out=y)
+        apply_activation(y, self.activation)
