@@ -278,7 +278,7 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
             if n and n in constants:
                 slot(n)
     fresh = {slot(n): (infos[n].shape, infos[n].dtype) for n in fresh_names}
-    const_slots = {slots[n]: v for n, v in constants.items() if n in slots}
+    const_slots = {slots[n]: _aligned(v) for n, v in constants.items() if n in slots}
     for n in graph_outputs:
         slot(n)
         if n in constants:
@@ -287,6 +287,19 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
     lb = lower_bound(spans, sizes)
     return Plan(tuple(steps), tuple(names), const_slots, feed_slots, tuple(arena), fresh, outputs,
                 arena_bytes, lb, {"steps": len(steps)})
+
+
+def _aligned(value):
+    """The value itself, or an aligned copy when it lies unaligned in the file.
+
+    A raw_data payload starts wherever protobuf put it; numpy hands an unaligned
+    operand to BLAS only after copying it, on every call. Copying it once here
+    is packing like any other: the mapped pages are then released.
+    """
+    array = value.array() if isinstance(value, ExternalData) else value
+    if isinstance(array, np.ndarray) and not array.flags.aligned:
+        return np.array(array, copy=True)
+    return value
 
 
 def _packed_bytes(plan, weights, initializers):

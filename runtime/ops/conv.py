@@ -1,0 +1,111 @@
+"""ONNX convolutions: Conv and ConvTranspose (NCHW, any number of spatial dims).
+
+The kernels decode attributes and check shapes; the numerics are in `conv_core`,
+which TFLite's convolutions share. Weights are used as they lie in the mapped
+file: no kernel here packs anything.
+"""
+
+from ..errors import ModelError
+from . import conv_core
+from .registry import Kernel, TensorInfo, register
+
+
+class NodeErrors:
+    """Mixin for the kernels of the conv, pool and normalization families: `fail` raises a
+    ModelError naming the node (the node's index is added by the compiler when it reports)."""
+
+    def fail(self, message):
+        name = f" {self.node.name!r}" if self.node.name else ""
+        raise ModelError(f"{self.node.op_type} node{name}: {message}")
+
+
+class _ConvBase(NodeErrors, Kernel):
+    attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+                  "pads": None, "strides": None}
+
+    def decode(self):
+        if self.auto_pad not in conv_core.AUTO_PADS:
+            self.fail(f"auto_pad {self.auto_pad!r} is not one of {', '.join(conv_core.AUTO_PADS)}")
+        if self.group < 1:
+            self.fail(f"group {self.group} must be positive")
+        self.activation = self.node.attrs.get("_activation")
+
+    def check_inputs(self, x, w, b, c_in_of_w, c_out):
+        if x is None or w is None:
+            self.fail("inputs X and W are required")
+        if len(x.shape) < 3:
+            self.fail(f"input X has shape {list(x.shape)}; expected (N, C, D1, ...)")
+        if len(w.shape) != len(x.shape):
+            self.fail(f"weight W has shape {list(w.shape)}, rank {len(w.shape)} "
+                      f"for an input of rank {len(x.shape)}")
+        if x.dtype.kind != "f" or w.dtype != x.dtype:
+            self.fail(f"X ({x.dtype}) and W ({w.dtype}) must be the same floating type")
+        if self.kernel_shape is not None and tuple(self.kernel_shape) != tuple(w.shape[2:]):
+            self.fail(f"kernel_shape {list(self.kernel_shape)} does not match W {list(w.shape)}")
+        if x.shape[1] != c_in_of_w:
+            self.fail(f"X has {x.shape[1]} channels, W {list(w.shape)} with group {self.group} "
+                      f"expects {c_in_of_w}")
+        if b is not None and (tuple(b.shape) != (c_out,) or b.dtype != x.dtype):
+            self.fail(f"bias B {list(b.shape)} {b.dtype} must be ({c_out},) {x.dtype}")
+
+
+@register("Conv", since=1)
+class Conv(_ConvBase):
+    """Convolution; `_activation` (set by the compiler's fusion) is applied in place."""
+
+    def infer(self, x, w, b=None):
+        self.check_inputs(x, w, b, w.shape[1] * self.group if w is not None else 0,
+                          w.shape[0] if w is not None else 0)
+        if w.shape[0] % self.group:
+            self.fail(f"{w.shape[0]} output channels are not divisible by group {self.group}")
+        try:
+            self.window = conv_core.make_window(x.shape[2:], w.shape[2:], self.strides, self.dilations,
+                                                self.pads, self.auto_pad)
+        except ValueError as e:
+            self.fail(str(e))
+        return [TensorInfo((x.shape[0], w.shape[0], *self.window.out_spatial), x.dtype)]
+
+    def prepare(self, x, w, b=None):
+        self.infer(x, w, b)
+        self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
+        return self.plan.scratch()
+
+    def run(self, x, w, b=None, *, outs, scratch=()):
+        plan = getattr(self, "plan", None)
+        if plan is None:  # folded before prepare
+            self.prepare(TensorInfo.of(x), TensorInfo.of(w), None if b is None else TensorInfo.of(b))
+            plan = self.plan
+        conv_core.conv(x, w, b, outs[0], plan, scratch[0] if scratch else None, self.activation)
+        return outs[0]
+
+
+@register("ConvTranspose", since=1)
+class ConvTranspose(_ConvBase):
+    attributes = {**_ConvBase.attributes, "output_padding": None, "output_shape": None}
+
+    def infer(self, x, w, b=None):
+        c_out = w.shape[1] * self.group if w is not None else 0
+        self.check_inputs(x, w, b, w.shape[0] if w is not None else 0, c_out)
+        if w.shape[0] % self.group:
+            self.fail(f"{w.shape[0]} input channels are not divisible by group {self.group}")
+        try:
+            self.window = conv_core.make_transpose_window(
+                x.shape[2:], w.shape[2:], self.strides, self.dilations, self.pads, self.auto_pad,
+                self.output_padding, self.output_shape)
+        except ValueError as e:
+            self.fail(str(e))
+        return [TensorInfo((x.shape[0], c_out, *self.window.in_spatial), x.dtype)]
+
+    def prepare(self, x, w, b=None):
+        self.infer(x, w, b)
+        self.plan = conv_core.conv_transpose_plan(self.window, x.shape[1], w.shape[1] * self.group,
+                                                  self.group, x.dtype)
+        return self.plan.scratch()
+
+    def run(self, x, w, b=None, *, outs, scratch=()):
+        plan = getattr(self, "plan", None)
+        if plan is None:
+            self.prepare(TensorInfo.of(x), TensorInfo.of(w), None if b is None else TensorInfo.of(b))
+            plan = self.plan
+        conv_core.conv_transpose(x, w, b, outs[0], plan, scratch[0] if scratch else None, self.activation)
+        return outs[0]

@@ -1,0 +1,937 @@
+"""Numeric cores of convolution and pooling, shared by the ONNX kernels and TFLite's.
+
+Everything here is a plain function over numpy arrays, free of any ONNX node:
+the ONNX kernels (`conv.py`, `pool.py`) decode attributes into a `Window`, and
+TFLite's CONV_2D / DEPTHWISE_CONV_2D / pools call the same functions with
+`layout=CHANNELS_LAST`.
+
+- A `Window` is the geometry of a sliding window over the spatial dims: input
+  and output sizes, kernel, strides, dilations and the begin/end padding.
+- A plan (`ConvPlan`, `DepthwisePlan`, `TransposePlan`, `PoolPlan`) is made once
+  at PREPARE: which path, how the output is tiled, and for every tile and kernel
+  tap the slices that move data. Running a plan does no index arithmetic and
+  allocates nothing beyond views; a plan is immutable and may serve any number
+  of concurrent runs, each with its own scratch buffer.
+
+Layouts: `CHANNELS_FIRST` is (N, C, *spatial), `CHANNELS_LAST` is (N, *spatial, C),
+for any number of spatial dims. Dense and grouped conv weights are
+(Cout, Cin/group, *kernel) channels first, as ONNX stores them, and
+(Cout, *kernel, Cin/group) channels last, as TFLite does: both reshape to the
+GEMM matrix as views, so a mapped weight is used as it lies. Depthwise weights
+are given tap-major, (*kernel, C, multiplier), which is a view of either
+format's layout.
+
+Paths, chosen by the plan:
+- dense and grouped conv: im2col into a bounded column buffer (tiles of output rows,
+  built from the unpadded input, borders zero-filled), one BLAS GEMM per tile and
+  group writing into the output; 1x1 unpadded stride-1 conv is one GEMM per image;
+- depthwise conv and pooling, channels first: "phase planes" (see `PhaseGrid`), where
+  each kernel tap is one elementwise op over long contiguous rows; channels last: a
+  tap loop over row tiles, whose windows are contiguous runs of (width, channels);
+- transposed conv: GEMM columns scattered into stride-phase planes.
+numpy is fast on long contiguous rows and several times slower on short or strided
+ones, which is what these layouts are for.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Largest scratch buffer (im2col columns, phase planes) one step asks for. The smallest
+# unit of work that needs more gets it: one output row (im2col) or one channel (planes).
+SCRATCH_LIMIT = 4 * 1024 * 1024
+# Output tile of the channels-last tap loops (depthwise, pooling): small enough that the
+# tile stays in L2 while every kernel tap passes over it.
+CACHE_TILE = 256 * 1024
+
+# Kernels are planned tap by tap; a window with more taps than this is not a real model's.
+MAX_TAPS = 1 << 16
+
+CHANNELS_FIRST = "NCHW"
+CHANNELS_LAST = "NHWC"
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window over the spatial dims (tuples of equal length)."""
+    in_spatial: tuple
+    out_spatial: tuple
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    pads_begin: tuple
+    pads_end: tuple
+
+    @property
+    def taps(self):
+        return math.prod(self.kernel)
+
+
+def _spatial_tuple(values, rank, default, what):
+    if values is None:
+        return (default,) * rank
+    values = tuple(int(v) for v in values)
+    if len(values) != rank:
+        raise ValueError(f"{what} has {len(values)} values for {rank} spatial dims")
+    return values
+
+
+def make_window(in_spatial, kernel, strides=None, dilations=None, pads=None, auto_pad="NOTSET",
+                ceil_mode=False):
+    """The window of a convolution or pooling, with ONNX's meaning of every argument.
+
+    `pads` is [begin..., end...]; `auto_pad` SAME_* pads so that out = ceil(in / stride),
+    the odd cell at the end (UPPER) or the beginning (LOWER). `ceil_mode` rounds the
+    output size up, but never so far that the last window starts in the end padding.
+    Raises ValueError when the geometry is impossible.
+    """
+    in_spatial = tuple(int(v) for v in in_spatial)
+    rank = len(in_spatial)
+    kernel = _spatial_tuple(kernel, rank, 1, "kernel_shape")
+    strides = _spatial_tuple(strides, rank, 1, "strides")
+    dilations = _spatial_tuple(dilations, rank, 1, "dilations")
+    if min(kernel, default=1) < 1 or min(strides, default=1) < 1 or min(dilations, default=1) < 1:
+        raise ValueError(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive")
+    if math.prod(kernel) > MAX_TAPS:
+        raise ValueError(f"kernel {list(kernel)} has more than {MAX_TAPS} taps")
+    extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"auto_pad {auto_pad!r} is not one of {', '.join(AUTO_PADS)}")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = tuple(-(-i // s) for i, s in zip(in_spatial, strides))
+        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, extents, in_spatial)]
+        small = [t // 2 for t in total]
+        large = [t - t // 2 for t in total]
+        begin, end = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+        return Window(in_spatial, out, kernel, strides, dilations, tuple(begin), tuple(end))
+    if auto_pad == "VALID" or pads is None:
+        begin = end = (0,) * rank
+    else:
+        pads = tuple(int(p) for p in pads)
+        if len(pads) != 2 * rank:
+            raise ValueError(f"pads has {len(pads)} values for {rank} spatial dims")
+        if min(pads, default=0) < 0:
+            raise ValueError(f"pads {list(pads)} must not be negative")
+        begin, end = pads[:rank], pads[rank:]
+    out = []
+    for i, e, s, b, f in zip(in_spatial, extents, strides, begin, end):
+        span = i + b + f - e
+        if span < 0:
+            raise ValueError(f"the window ({e}) is larger than the padded input ({i + b + f})")
+        o = -(-span // s) + 1 if ceil_mode else span // s + 1
+        if ceil_mode and (o - 1) * s >= i + b:
+            o -= 1
+        out.append(o)
+    return Window(in_spatial, tuple(out), kernel, strides, dilations, tuple(begin), tuple(end))
+
+
+def make_transpose_window(in_spatial, kernel, strides=None, dilations=None, pads=None,
+                          auto_pad="NOTSET", output_padding=None, output_shape=None):
+    """The window of a transposed convolution, as the window of its adjoint convolution.
+
+    A transposed convolution scatters input position i to output positions
+    i*stride + k*dilation - pad_begin: exactly the gather of a convolution from the
+    transposed output (its `in_spatial`) to the transposed input (its `out_spatial`).
+    So the returned window has `in_spatial` = the output size and `out_spatial` = the
+    input size, and the tap slices of `tile_taps` serve both directions.
+    """
+    in_spatial = tuple(int(v) for v in in_spatial)
+    rank = len(in_spatial)
+    kernel = _spatial_tuple(kernel, rank, 1, "kernel_shape")
+    strides = _spatial_tuple(strides, rank, 1, "strides")
+    dilations = _spatial_tuple(dilations, rank, 1, "dilations")
+    output_padding = _spatial_tuple(output_padding, rank, 0, "output_padding")
+    if min(kernel, default=1) < 1 or min(strides, default=1) < 1 or min(dilations, default=1) < 1:
+        raise ValueError(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive")
+    if math.prod(kernel) > MAX_TAPS:
+        raise ValueError(f"kernel {list(kernel)} has more than {MAX_TAPS} taps")
+    if min(output_padding, default=0) < 0:
+        raise ValueError(f"output_padding {list(output_padding)} must not be negative")
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"auto_pad {auto_pad!r} is not one of {', '.join(AUTO_PADS)}")
+    full = [s * (i - 1) + p + (k - 1) * d + 1
+            for s, i, p, k, d in zip(strides, in_spatial, output_padding, kernel, dilations)]
+    if output_shape is not None:
+        output_shape = tuple(int(v) for v in output_shape)
+        if len(output_shape) == rank + 2:  # some exporters give N and C too
+            output_shape = output_shape[2:]
+        if len(output_shape) != rank:
+            raise ValueError(f"output_shape has {len(output_shape)} values for {rank} spatial dims")
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = tuple(i * s for i, s in zip(in_spatial, strides))
+    if output_shape is not None:
+        # A negative total (output_shape beyond the full output, by less than a stride, as
+        # output_padding would give) pads the end: those outputs hold only the bias, as in
+        # onnxruntime. Anything larger is not a transposed convolution's output.
+        total = [f - o for f, o in zip(full, output_shape)]
+        if any(t <= -s for t, s in zip(total, strides)):
+            raise ValueError(f"output_shape {list(output_shape)} is not reachable from the full output "
+                             f"{full} with strides {list(strides)}")
+        small = [t // 2 for t in total]
+        large = [t - t // 2 for t in total]
+        begin, end = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+    elif auto_pad == "VALID" or pads is None:
+        begin = end = (0,) * rank
+    else:
+        pads = tuple(int(p) for p in pads)
+        if len(pads) != 2 * rank:
+            raise ValueError(f"pads has {len(pads)} values for {rank} spatial dims")
+        if min(pads, default=0) < 0:
+            raise ValueError(f"pads {list(pads)} must not be negative")
+        begin, end = pads[:rank], pads[rank:]
+    out = tuple(f - b - e for f, b, e in zip(full, begin, end))
+    if min(out, default=1) < 1:
+        raise ValueError(f"the output would have spatial shape {list(out)}")
+    return Window(out, in_spatial, kernel, strides, dilations, tuple(begin), tuple(end))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tap slices
+
+
+def _axis_range(o_lo, o_hi, offset, stride, pad_begin, in_size):
+    """Output positions of [o_lo, o_hi) whose input o*stride + offset - pad_begin is inside."""
+    lo = max(o_lo, -((offset - pad_begin) // stride))
+    hi = min(o_hi, -((offset - pad_begin - in_size) // stride))
+    if hi <= lo:
+        return None
+    start = lo * stride + offset - pad_begin
+    return lo, hi, slice(start, start + (hi - lo - 1) * stride + 1, stride)
+
+
+@dataclass(frozen=True)
+class Tap:
+    """One kernel tap over one output tile.
+
+    `dst`: spatial slices of the tile that the tap reaches (None: none of it);
+    `src`: the matching spatial slices of the input; `gaps`: spatial indices of the
+    parts of the tile the tap does not reach (padding), each a full-rank tuple.
+    """
+    tap: tuple
+    dst: tuple | None
+    src: tuple | None
+    gaps: tuple
+
+
+def tile_taps(window, r0, r1):
+    """Per kernel tap (row-major), the slices for output rows [r0, r1) of the first spatial dim."""
+    rank = len(window.in_spatial)
+    bounds = [(r0, r1)] + [(0, o) for o in window.out_spatial[1:]]
+    full = slice(None)
+    taps = []
+    for tap in np.ndindex(*window.kernel):
+        dst, src, gaps = [], [], []
+        for d, (a, b) in enumerate(bounds):
+            r = _axis_range(a, b, tap[d] * window.dilations[d], window.strides[d],
+                            window.pads_begin[d], window.in_spatial[d])
+            if r is None:
+                break
+            lo, hi, source = r
+            dst.append(slice(lo - a, hi - a))
+            src.append(source)
+            before, after = (full,) * d, (full,) * (rank - d - 1)
+            if lo > a:
+                gaps.append(before + (slice(0, lo - a),) + after)
+            if hi < b:
+                gaps.append(before + (slice(hi - a, b - a),) + after)
+        else:
+            taps.append(Tap(tap, tuple(dst), tuple(src), tuple(gaps)))
+            continue
+        taps.append(Tap(tap, None, None, ((full,) * rank,)))
+    return taps
+
+
+def _row_tiles(rows, row_bytes, limit):
+    per_tile = max(1, min(rows, limit // max(1, row_bytes)))
+    # Even tiles: the last one is not a sliver that costs a whole GEMM call.
+    count = -(-rows // per_tile)
+    per_tile = -(-rows // count)
+    return [(r0, min(rows, r0 + per_tile)) for r0 in range(0, rows, per_tile)], per_tile
+
+
+def _channel_index(layout, spatial, lead=()):
+    """A full index from spatial slices: channels (and `lead` axes) before or after them."""
+    full = slice(None)
+    if layout == CHANNELS_FIRST:
+        return (full,) + tuple(lead) + tuple(spatial)
+    return tuple(spatial) + tuple(lead)
+
+
+def _check_layout(layout):
+    if layout not in (CHANNELS_FIRST, CHANNELS_LAST):
+        raise ValueError(f"layout {layout!r} is not {CHANNELS_FIRST!r} or {CHANNELS_LAST!r}")
+
+
+def _contiguous_out(out):
+    """Outputs are reshaped into GEMM views: that needs C order, which the executor guarantees."""
+    if not out.flags.c_contiguous:
+        raise ValueError("the output of a convolution must be C-contiguous")
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolution
+
+
+@dataclass(frozen=True)
+class ConvTile:
+    rows: tuple          # (r0, r1) output rows of the first spatial dim
+    cols_shape: tuple    # the column buffer of this tile
+    copies: tuple        # (column index, input index) per tap that reads input
+    zeros: tuple         # column indices to zero (padding)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    window: Window
+    layout: str
+    c_in: int
+    c_out: int
+    group: int
+    method: str          # "pointwise", "gemm", "gemm-flat" (gemm with flat row copies) or "depthwise"
+    tiles: object        # "gemm": ConvTile per tile; "depthwise": a DepthwisePlan (channels
+                         # first) or a DepthwiseTile per tile (channels last)
+    scratch_elems: int
+    dtype: np.dtype
+
+    def scratch(self):
+        """The scratch request of PREPARE: [(shape, dtype)] (empty when none is needed)."""
+        return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
+
+
+def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FIRST, scratch_limit=None):
+    """Choose the path of a convolution and tile it; raises ValueError on inconsistent channels."""
+    scratch_limit = SCRATCH_LIMIT if scratch_limit is None else scratch_limit
+    _check_layout(layout)
+    dtype = np.dtype(dtype)
+    if group < 1 or c_in % group or c_out % group:
+        raise ValueError(f"group {group} does not divide {c_in} input and {c_out} output channels")
+    if group == c_in > 1:
+        return _depthwise_plan(window, c_in, c_out, dtype, layout, scratch_limit)
+    plain = (all(k == 1 for k in window.kernel) and all(s == 1 for s in window.strides)
+             and not any(window.pads_begin) and not any(window.pads_end))
+    if group == 1 and plain:
+        return ConvPlan(window, layout, c_in, c_out, group, "pointwise", (), 0, dtype)
+    c_in_g = c_in // group
+    taps = window.taps
+    rest = math.prod(window.out_spatial[1:])
+    row_bytes = c_in_g * taps * rest * dtype.itemsize
+    rows = window.out_spatial[0] if window.out_spatial else 1
+    ranges, per_tile = _row_tiles(rows, row_bytes, scratch_limit)
+    flat = _flat_rows(window, layout)
+    tiles = []
+    for r0, r1 in ranges:
+        if layout == CHANNELS_FIRST:
+            cols_shape = (c_in_g, *window.kernel, r1 - r0, *window.out_spatial[1:])
+        else:
+            cols_shape = (r1 - r0, *window.out_spatial[1:], *window.kernel, c_in_g)
+        copies, zeros = [], []
+        for k, t in enumerate(tile_taps(window, r0, r1)):
+            if flat:
+                if t.dst is not None:
+                    copies.append(_flat_copy(window, k, t))
+                zeros.extend((slice(None),) + t.tap + g for g in t.gaps)
+                continue
+            # The tap's slot in the columns: after the channels (first) or before them (last).
+            if layout == CHANNELS_FIRST:
+                slot = lambda spatial, t=t: (slice(None),) + t.tap + spatial  # noqa: E731
+            else:
+                slot = lambda spatial, t=t: spatial + t.tap  # noqa: E731
+            if t.dst is not None:
+                copies.append((slot(t.dst), _channel_index(layout, t.src)))
+            zeros.extend(slot(g) for g in t.gaps)
+        tiles.append(ConvTile((r0, r1), cols_shape, tuple(copies), tuple(zeros)))
+    scratch = c_in_g * taps * rest * per_tile
+    return ConvPlan(window, layout, c_in, c_out, group, "gemm" if not flat else "gemm-flat",
+                    tuple(tiles), scratch, dtype)
+
+
+def _flat_rows(window, layout):
+    """Whether im2col may copy whole rows as one flat run (2-D, stride 1, width kept).
+
+    Then output column c of a tap reads input column c + shift of the same row, so the
+    rows of a tile are one contiguous run in both the input and the columns, and each
+    tap is one long 2-D copy instead of a copy per row. The few elements that wrap
+    across a row end fall in the tap's border columns, which are zeroed after it.
+    """
+    return (layout == CHANNELS_FIRST and len(window.in_spatial) == 2 and window.strides == (1, 1)
+            and window.out_spatial[1] == window.in_spatial[1])
+
+
+def _flat_copy(window, k, t):
+    """(columns index, input index) of tap number k as flat runs: cols (C, taps, rows*width), x (C, H*W)."""
+    width, size = window.in_spatial[1], math.prod(window.in_spatial)
+    rows = t.dst[0]
+    shift = t.tap[1] * window.dilations[1] - window.pads_begin[1]
+    dst0, dst1 = rows.start * width, rows.stop * width
+    src0 = t.src[0].start * width + shift
+    src1 = src0 + dst1 - dst0
+    # Clip the runs to the input: what is cut lies in the border columns.
+    if src0 < 0:
+        dst0, src0 = dst0 - src0, 0
+    if src1 > size:
+        dst1, src1 = dst1 - (src1 - size), size
+    return (slice(None), k, slice(dst0, dst1)), (slice(None), slice(src0, src1))
+
+
+def conv(x, w, bias, out, plan, scratch=None, activation=None):
+    """out = conv(x, w) + bias, then the fused activation, all in `out`.
+
+    `x`: (N, Cin, *in) or (N, *in, Cin); `w`: (Cout, Cin/group, *kernel) or
+    (Cout, *kernel, Cin/group) by the plan's layout; `bias`: (Cout,) or None;
+    `scratch`: a 1-D buffer of at least `plan.scratch_elems` (allocated if None);
+    `activation`: None or (op_type, params) for `activation.apply_activation`.
+    """
+    _contiguous_out(out)
+    if out.size == 0:
+        return out
+    if plan.method == "depthwise":
+        c, multiplier = plan.c_in, plan.c_out // plan.c_in
+        kernel = plan.window.kernel
+        # (C*M, 1, *kernel) first or (C*M, *kernel, 1) last: both are (C, M, *kernel) in memory.
+        w_taps = np.moveaxis(w.reshape(c, multiplier, *kernel), (0, 1), (-2, -1))
+        return depthwise_conv(x, w_taps, bias, out, plan, scratch, activation)
+    if plan.method == "pointwise":
+        _pointwise(x, w, out, plan)
+        _bias_activation(out, bias, activation, plan.layout)
+        return out
+    if scratch is None:
+        scratch = np.empty(plan.scratch_elems, plan.dtype)
+    group, layout = plan.group, plan.layout
+    c_in_g, c_out_g = plan.c_in // group, plan.c_out // group
+    rest = math.prod(plan.window.out_spatial[1:])
+    w_mats = [w[g * c_out_g:(g + 1) * c_out_g].reshape(c_out_g, -1) for g in range(group)]
+    zero = plan.dtype.type(0)
+    for n in range(out.shape[0]):
+        if plan.method == "gemm-flat":
+            out_mat = out[n].reshape(plan.c_out, -1)
+            x_groups = [x[n, g * c_in_g:(g + 1) * c_in_g].reshape(c_in_g, -1) for g in range(group)]
+        elif layout == CHANNELS_FIRST:
+            out_mat = out[n].reshape(plan.c_out, -1)
+            x_groups = [x[n, g * c_in_g:(g + 1) * c_in_g] for g in range(group)]
+        else:
+            out_mat = out[n].reshape(-1, plan.c_out)
+            x_groups = [x[n, ..., g * c_in_g:(g + 1) * c_in_g] for g in range(group)]
+        for tile in plan.tiles:
+            r0, r1 = tile.rows
+            size = math.prod(tile.cols_shape)
+            cols = scratch[:size].reshape(tile.cols_shape)
+            runs = cols.reshape(c_in_g, plan.window.taps, -1) if plan.method == "gemm-flat" else cols
+            for g in range(group):
+                x_g = x_groups[g]
+                for dst, src in tile.copies:
+                    runs[dst] = x_g[src]
+                for index in tile.zeros:
+                    cols[index] = zero
+                if layout == CHANNELS_FIRST:
+                    np.matmul(w_mats[g], cols.reshape(c_in_g * plan.window.taps, -1),
+                              out=out_mat[g * c_out_g:(g + 1) * c_out_g, r0 * rest:r1 * rest])
+                else:
+                    np.matmul(cols.reshape(-1, c_in_g * plan.window.taps), w_mats[g].T,
+                              out=out_mat[r0 * rest:r1 * rest, g * c_out_g:(g + 1) * c_out_g])
+            # Bias and activation while the tile is still in cache.
+            tile_out = out[n, :, r0:r1] if layout == CHANNELS_FIRST else out[n, r0:r1]
+            _bias_activation(tile_out, bias, activation, layout, batched=False)
+    return out
+
+
+def _pointwise(x, w, out, plan):
+    """1x1, stride 1, unpadded, one group: a single GEMM per image on the weight as it lies."""
+    n = out.shape[0]
+    w_mat = w.reshape(plan.c_out, plan.c_in)
+    if plan.layout == CHANNELS_FIRST:
+        np.matmul(w_mat, x.reshape(n, plan.c_in, -1), out=out.reshape(n, plan.c_out, -1))
+    else:
+        np.matmul(x.reshape(-1, plan.c_in), w_mat.T, out=out.reshape(-1, plan.c_out))
+
+
+def _bias_activation(out, bias, activation, layout, batched=True):
+    if bias is not None:
+        if layout == CHANNELS_FIRST:
+            spatial = out.ndim - (2 if batched else 1)
+            bias = bias.reshape(bias.shape[0], *(1,) * spatial)
+        np.add(out, bias, out=out)
+    if activation is not None:
+        from .activation import apply_activation
+        apply_activation(out, activation)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase planes: strided, dilated, padded windows as stride-1 shifts of flat planes
+
+
+@dataclass(frozen=True)
+class PhaseGrid:
+    """A window rewritten so that every kernel tap is one contiguous shift (channels first).
+
+    Input position p = o*stride + k*dilation - pad splits, per axis, into a phase
+    (k*dilation) % stride and a shift (k*dilation) // stride: the tap reads the padded
+    phase plane X_phase[m] = x[m*stride + phase - pad] at m = o + shift. Flattened,
+    every tap of every output is plane[q + offset] for one offset per tap, so a tap
+    is a single elementwise op over long contiguous rows, the fastest numpy has.
+    The accumulator's rows are as wide as the planes' (`q_shape`); `out_index` cuts
+    the outputs from it. Planes have one spare row so the last shifts stay inside.
+    """
+    plane_shape: tuple
+    fills: tuple         # per phase in use: (dst, src, gaps) plane/input spatial indices
+    taps: tuple          # per kernel tap (row-major): (phase position, flat offset)
+    q_shape: tuple
+    out_index: tuple
+
+    @property
+    def plane_size(self):
+        return math.prod(self.plane_shape)
+
+    @property
+    def q_size(self):
+        return math.prod(self.q_shape)
+
+
+def phase_grid(window):
+    """The `PhaseGrid` of a window (any number of spatial dims)."""
+    reach = [((k - 1) * d) // s for k, d, s in zip(window.kernel, window.dilations, window.strides)]
+    out = window.out_spatial
+    plane_shape = (out[0] + reach[0] + 1,) + tuple(o + r for o, r in zip(out[1:], reach[1:]))
+    row = [math.prod(plane_shape[d + 1:]) for d in range(len(plane_shape))]
+    full = slice(None)
+    positions, fills, taps = {}, [], []
+    for tap in np.ndindex(*window.kernel):
+        reach_of = [t * d for t, d in zip(tap, window.dilations)]
+        phase = tuple(r % s for r, s in zip(reach_of, window.strides))
+        if phase not in positions:
+            positions[phase] = len(fills)
+            dst, src, gaps = [], [], []
+            rank = len(plane_shape)
+            for d, size in enumerate(plane_shape):
+                r = _axis_range(0, size, phase[d], window.strides[d], window.pads_begin[d],
+                                window.in_spatial[d])
+                if r is None:
+                    dst = None
+                    gaps = [(full,) * rank]
+                    break
+                lo, hi, source = r
+                dst.append(slice(lo, hi))
+                src.append(source)
+                before, after = (full,) * d, (full,) * (rank - d - 1)
+                if lo > 0:
+                    gaps.append(before + (slice(0, lo),) + after)
+                if hi < size:
+                    gaps.append(before + (slice(hi, size),) + after)
+            fills.append((None if dst is None else tuple(dst), None if dst is None else tuple(src),
+                          tuple(gaps)))
+        offset = sum((r // s) * n for r, s, n in zip(reach_of, window.strides, row))
+        taps.append((positions[phase], offset))
+    q_shape = (out[0],) + plane_shape[1:]
+    out_index = tuple(slice(0, o) for o in out)
+    return PhaseGrid(plane_shape, tuple(fills), tuple(taps), q_shape, out_index)
+
+
+def _fill_planes(planes, source, grid, pad):
+    """planes (phases, B, plane size) <- the phase planes of source (B, *in_spatial), padded with `pad`."""
+    full = slice(None)
+    for p, (dst, src, gaps) in enumerate(grid.fills):
+        plane = planes[p].reshape(-1, *grid.plane_shape)
+        if dst is not None:
+            plane[(full,) + dst] = source[(full,) + src]
+        for gap in gaps:
+            plane[(full,) + gap] = pad
+
+
+def _block_size(blocks, block_elems, dtype, limit):
+    """How many planes (channels) a chunk holds so that its scratch stays within `limit`."""
+    per = max(1, limit // max(1, block_elems * dtype.itemsize))
+    count = -(-blocks // per)
+    return -(-blocks // count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Depthwise convolution
+
+
+@dataclass(frozen=True)
+class DepthwiseTile:
+    rows: tuple
+    first: tuple | None  # (dst, src, tap) of a tap reaching the whole tile, written directly
+                         # (else the tile starts empty: zero, or the lowest value for max)
+    taps: tuple          # (dst, src, tap) of the other taps, accumulated through scratch
+
+
+@dataclass(frozen=True)
+class DepthwisePlan:
+    """Channels first: phase planes of `block` channels at a time. Channels last: row tiles."""
+    grid: PhaseGrid | None
+    block: int
+
+
+def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
+    multiplier = c_out // c
+    if layout == CHANNELS_FIRST:
+        grid = phase_grid(window)
+        # Per channel: its phase planes, and the accumulator and product of its M outputs.
+        per_channel = len(grid.fills) * grid.plane_size + 2 * multiplier * grid.q_size
+        block = _block_size(c, per_channel, dtype, scratch_limit)
+        return ConvPlan(window, layout, c, c_out, c, "depthwise", DepthwisePlan(grid, block),
+                        per_channel * block, dtype)
+    # Channels last: a tap's window is (rows, width*channels), long contiguous runs already.
+    rest = math.prod(window.out_spatial[1:])
+    ranges, per_tile = _row_tiles(window.out_spatial[0], c_out * rest * dtype.itemsize, CACHE_TILE)
+    lead = (slice(None),)  # the multiplier axis next to the channels
+    tiles = []
+    for r0, r1 in ranges:
+        first, others = None, []
+        for t in tile_taps(window, r0, r1):
+            if t.dst is None:
+                continue
+            entry = (_channel_index(layout, t.dst, lead), _channel_index(layout, t.src, lead), t.tap)
+            if first is None and not t.gaps:
+                first = entry
+            else:
+                others.append(entry)
+        tiles.append(DepthwiseTile((r0, r1), first, tuple(others)))
+    return ConvPlan(window, layout, c, c_out, c, "depthwise", tuple(tiles), c_out * rest * per_tile, dtype)
+
+
+def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
+    """Depthwise convolution as a sum over kernel taps, vectorised over channels.
+
+    out[c*M + m] = sum over taps of w_taps[tap][c, m] * (the tap's input window)[c];
+    `w_taps` is (*kernel, C, M), any strides. No im2col: each tap is one multiply into
+    scratch and one add into the accumulator.
+    """
+    _contiguous_out(out)
+    if out.size == 0:
+        return out
+    if scratch is None:
+        scratch = np.empty(plan.scratch_elems, plan.dtype)
+    if plan.layout == CHANNELS_FIRST:
+        return _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation)
+    window, layout = plan.window, plan.layout
+    c, multiplier = plan.c_in, plan.c_out // plan.c_in
+    for n in range(out.shape[0]):
+        x_n = x[n].reshape(*window.in_spatial, c, 1)
+        out_n = out[n].reshape(*window.out_spatial, c, multiplier)
+        for tile in plan.tiles:
+            r0, r1 = tile.rows
+            out_t = out_n[r0:r1]
+            if tile.first is not None:
+                dst, src, tap = tile.first
+                np.multiply(x_n[src], w_taps[tap], out=out_t)
+            else:
+                out_t[...] = 0
+            tmp = scratch[:out_t.size].reshape(out_t.shape)
+            for dst, src, tap in tile.taps:
+                part = tmp[dst]
+                np.multiply(x_n[src], w_taps[tap], out=part)
+                np.add(out_t[dst], part, out=out_t[dst])
+            _bias_activation(out[n, r0:r1], bias, activation, layout, batched=False)
+    return out
+
+
+def _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation):
+    grid, block = plan.tiles.grid, plan.tiles.block
+    window = plan.window
+    c, multiplier = plan.c_in, plan.c_out // plan.c_in
+    full = slice(None)
+    w_flat = w_taps.reshape(-1, c, multiplier)  # (taps, C, M): a view for both weight formats
+    if bias is not None:
+        bias = bias.reshape(c, multiplier, *(1,) * len(window.out_spatial))
+    for n in range(out.shape[0]):
+        out_n = out[n].reshape(c, multiplier, *window.out_spatial)
+        for c0 in range(0, c, block):
+            c1 = min(c, c0 + block)
+            b = c1 - c0
+            phases = len(grid.fills) * b * grid.plane_size
+            planes = scratch[:phases].reshape(len(grid.fills), b, grid.plane_size)
+            acc = scratch[phases:phases + b * multiplier * grid.q_size].reshape(b, multiplier, grid.q_size)
+            tmp = scratch[phases + acc.size:phases + 2 * acc.size].reshape(acc.shape)
+            _fill_planes(planes, x[n, c0:c1], grid, 0)
+            for t, (p, offset) in enumerate(grid.taps):
+                shifted = planes[p, :, None, offset:offset + grid.q_size]
+                weight = w_flat[t, c0:c1, :, None]
+                if t == 0:
+                    np.multiply(shifted, weight, out=acc)
+                else:
+                    np.multiply(shifted, weight, out=tmp)
+                    np.add(acc, tmp, out=acc)
+            result = acc.reshape(b, multiplier, *grid.q_shape)[(full, full) + grid.out_index]
+            if bias is not None:
+                np.add(result, bias[c0:c1], out=out_n[c0:c1])
+            else:
+                np.copyto(out_n[c0:c1], result)
+            if activation is not None:
+                _bias_activation(out[n, c0 * multiplier:c1 * multiplier], None, activation, plan.layout)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Transposed convolution
+
+
+@dataclass(frozen=True)
+class TransposePlan:
+    """Columns = W^T x per (channel block, input row tile), scattered into phase planes.
+
+    Output position o = i*stride + k*dilation - pad: every tap writes one residue class
+    of o modulo the stride, so the output splits into stride-phase planes in which each
+    tap's scatter is a stride-1 block add (contiguous rows), not a strided one. The
+    planes of `block` output channels accumulate in scratch and are then interleaved
+    into the output, bias added on the way. With all strides 1 there is a single phase,
+    the output itself, and the adds go straight into it.
+    """
+    window: Window       # the adjoint window (see make_transpose_window)
+    c_in: int
+    c_out: int
+    group: int
+    block: int           # output channels per block
+    phases: tuple        # (output index of the phase, plane shape, scratch offset per channel)
+    tiles: tuple         # (input rows, cols shape, ((cols index, phase, plane index), ...))
+    cols_elems: int
+    scratch_elems: int
+    dtype: np.dtype
+
+    def scratch(self):
+        return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
+
+
+def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_limit=None):
+    """Plan a transposed convolution (channels first); raises ValueError on inconsistent channels."""
+    scratch_limit = SCRATCH_LIMIT if scratch_limit is None else scratch_limit
+    dtype = np.dtype(dtype)
+    if group < 1 or c_in % group or c_out % group:
+        raise ValueError(f"group {group} does not divide {c_in} input and {c_out} output channels")
+    c_out_g = c_out // group
+    out_spatial = window.in_spatial
+    direct = all(s == 1 for s in window.strides)
+    # The phase planes: one per residue tuple, of the outputs congruent to it.
+    phases, index_of, plane_elems = [], {}, 0
+    for residue in np.ndindex(*window.strides):
+        shape = tuple(-(-(o - r) // s) for o, r, s in zip(out_spatial, residue, window.strides))
+        index_of[residue] = len(phases)
+        phases.append((tuple(slice(r, None, s) for r, s in zip(residue, window.strides)), shape, plane_elems))
+        plane_elems += math.prod(shape)
+    planes_per_channel = 0 if direct else plane_elems
+    block = _block_size(c_out_g, planes_per_channel, dtype, scratch_limit // 2) if planes_per_channel \
+        else c_out_g
+    in_rest = math.prod(window.out_spatial[1:])
+    row_bytes = block * window.taps * in_rest * dtype.itemsize
+    ranges, per_tile = _row_tiles(window.out_spatial[0], row_bytes, scratch_limit - scratch_limit // 2)
+    tiles = []
+    for r0, r1 in ranges:
+        cols_shape = (block, *window.kernel, r1 - r0, *window.out_spatial[1:])
+        adds = []
+        for t in tile_taps(window, r0, r1):
+            if t.dst is None:
+                continue
+            residue = tuple(s.start % step for s, step in zip(t.src, window.strides))
+            plane = tuple(slice(s.start // step, s.start // step + len(range(s.start, s.stop, step)))
+                          for s, step in zip(t.src, window.strides))
+            adds.append(((slice(None),) + t.tap + t.dst, index_of[residue], (slice(None),) + plane))
+        tiles.append(((r0, r1), cols_shape, tuple(adds)))
+    cols_elems = block * window.taps * in_rest * per_tile
+    return TransposePlan(window, c_in, c_out, group, block, tuple(phases), tuple(tiles), cols_elems,
+                         cols_elems + block * planes_per_channel, dtype)
+
+
+def conv_transpose(x, w, bias, out, plan, scratch=None, activation=None):
+    """Transposed convolution, channels first.
+
+    `x`: (N, Cin, *in); `w`: (Cin, Cout/group, *kernel), used as it lies (the GEMM
+    takes its transpose as a view).
+    """
+    _contiguous_out(out)
+    if out.size == 0:
+        return out
+    if scratch is None:
+        scratch = np.empty(plan.scratch_elems, plan.dtype)
+    group, block, window = plan.group, plan.block, plan.window
+    c_in_g, c_out_g = plan.c_in // group, plan.c_out // group
+    taps = window.taps
+    rest = math.prod(window.out_spatial[1:])
+    direct = len(plan.phases) == 1
+    full = slice(None)
+    if bias is not None:
+        bias = bias.reshape(-1, *(1,) * len(window.in_spatial))
+    for n in range(out.shape[0]):
+        x_mat = x[n].reshape(plan.c_in, -1)
+        for g in range(group):
+            # (Cout_g*taps, Cin_g): row co*taps + k is output channel co, tap k.
+            w_t = w[g * c_in_g:(g + 1) * c_in_g].reshape(c_in_g, -1).T
+            x_g = x_mat[g * c_in_g:(g + 1) * c_in_g]
+            for c0 in range(0, c_out_g, block):
+                c1 = min(c_out_g, c0 + block)
+                b = c1 - c0
+                out_b = out[n, g * c_out_g + c0:g * c_out_g + c1]
+                if direct:
+                    planes = [out_b]
+                else:
+                    base = plan.cols_elems
+                    planes = [scratch[base + b * start:base + b * (start + math.prod(shape))]
+                              .reshape(b, *shape) for _, shape, start in plan.phases]
+                for plane in planes:
+                    plane[...] = 0
+                for (r0, r1), cols_shape, adds in plan.tiles:
+                    cols_shape = (b,) + cols_shape[1:]
+                    cols = scratch[:math.prod(cols_shape)].reshape(cols_shape)
+                    np.matmul(w_t[c0 * taps:c1 * taps], x_g[:, r0 * rest:r1 * rest],
+                              out=cols.reshape(b * taps, -1))
+                    for cols_index, phase, plane_index in adds:
+                        target = planes[phase][plane_index]
+                        np.add(target, cols[cols_index], out=target)
+                if direct:
+                    if bias is not None:
+                        np.add(out_b, bias[g * c_out_g + c0:g * c_out_g + c1], out=out_b)
+                else:
+                    for (index, _, _), plane in zip(plan.phases, planes):
+                        target = out_b[(full,) + index]
+                        if bias is not None:
+                            np.add(plane, bias[g * c_out_g + c0:g * c_out_g + c1], out=target)
+                        else:
+                            np.copyto(target, plane)
+    if activation is not None:
+        from .activation import apply_activation
+        apply_activation(out, activation)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    window: Window
+    layout: str
+    kind: str            # "max" or "average"
+    tiles: tuple         # channels last: DepthwiseTile per row tile, taps are (dst, src) pairs
+    grid: PhaseGrid | None  # channels first: the phase planes, `block` (batch*channel) planes at a time
+    block: int
+    divisor: object      # average: a scalar or an array over the output's spatial dims
+    scratch_elems: int
+    dtype: np.dtype
+
+    def scratch(self):
+        return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
+
+
+def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, count_include_pad=False,
+              batch=1, scratch_limit=None):
+    """Plan a max or average pooling of `batch` images of `channels` channels."""
+    scratch_limit = SCRATCH_LIMIT if scratch_limit is None else scratch_limit
+    _check_layout(layout)
+    if kind not in ("max", "average"):
+        raise ValueError(f"pooling {kind!r} is not 'max' or 'average'")
+    dtype = np.dtype(dtype)
+    divisor = None
+    if kind == "average":
+        divisor = _pool_counts(window, count_include_pad)
+        if divisor.size == 0 or np.all(divisor == divisor.flat[0]):
+            divisor = dtype.type(divisor.flat[0] if divisor.size else 1)
+        else:
+            divisor = divisor.astype(dtype)
+            if layout == CHANNELS_LAST:
+                divisor = divisor[..., None]
+    if (layout == CHANNELS_FIRST and window.kernel == window.in_spatial and not any(window.pads_begin)
+            and not any(window.pads_end) and all(o == 1 for o in window.out_spatial)):
+        # One window over the whole plane (a global pool written as a windowed one).
+        return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype)
+    if layout == CHANNELS_FIRST:
+        grid = phase_grid(window)
+        per_plane = len(grid.fills) * grid.plane_size + grid.q_size
+        block = _block_size(batch * channels, per_plane, dtype, scratch_limit)
+        return PoolPlan(window, layout, kind, (), grid, block, divisor, per_plane * block, dtype)
+    rest = math.prod(window.out_spatial[1:])
+    ranges, _ = _row_tiles(window.out_spatial[0], channels * rest * dtype.itemsize, CACHE_TILE)
+    tiles = []
+    for r0, r1 in ranges:
+        first, others = None, []
+        for t in tile_taps(window, r0, r1):
+            if t.dst is None:
+                continue
+            entry = (_channel_index(layout, t.dst), _channel_index(layout, t.src))
+            if first is None and not t.gaps:
+                first = entry
+            else:
+                others.append(entry)
+        tiles.append(DepthwiseTile((r0, r1), first, tuple(others)))
+    return PoolPlan(window, layout, kind, tuple(tiles), None, 0, divisor, 0, dtype)
+
+
+def _pool_counts(window, count_include_pad):
+    """How many taps of each output's window are counted: a product of one count per axis."""
+    counts = np.ones((), np.int64)
+    for d in range(len(window.in_spatial)):
+        o = np.arange(window.out_spatial[d])[:, None]
+        k = np.arange(window.kernel[d])[None, :]
+        pos = o * window.strides[d] + k * window.dilations[d] - window.pads_begin[d]
+        if count_include_pad:
+            inside = (pos >= -window.pads_begin[d]) & (pos < window.in_spatial[d] + window.pads_end[d])
+        else:
+            inside = (pos >= 0) & (pos < window.in_spatial[d])
+        counts = np.multiply.outer(counts, inside.sum(axis=1))
+    return np.maximum(counts, 1)
+
+
+def pool(x, out, plan, scratch=None):
+    """Max or average pooling of `x` into `out`, one vectorised pass per kernel tap."""
+    _contiguous_out(out)
+    if out.size == 0:
+        return out
+    reduce = np.maximum if plan.kind == "max" else np.add
+    if plan.kind == "max":
+        empty = -np.inf if out.dtype.kind == "f" else np.iinfo(out.dtype).min
+    else:
+        empty = 0
+    if plan.layout == CHANNELS_FIRST and plan.grid is None:
+        planes = x.reshape(x.shape[0] * x.shape[1], -1)
+        whole = np.max if plan.kind == "max" else np.mean
+        whole(planes, axis=1, out=out.reshape(planes.shape[0]))
+        return out
+    if plan.layout == CHANNELS_FIRST:
+        if scratch is None:
+            scratch = np.empty(plan.scratch_elems, plan.dtype)
+        _pool_planes(x, out, plan, scratch, reduce, empty)
+        return out
+    window = plan.window
+    for n in range(out.shape[0]):
+        x_n, out_n = x[n], out[n]
+        for tile in plan.tiles:
+            r0, r1 = tile.rows
+            out_t = out_n[r0:r1]
+            if tile.first is not None:
+                np.copyto(out_t, x_n[tile.first[1]])
+            else:
+                out_t[...] = empty
+            for dst, src in tile.taps:
+                target = out_t[dst]
+                reduce(target, x_n[src], out=target)
+    if plan.kind == "average":
+        np.divide(out, plan.divisor, out=out)
+    return out
+
+
+def _pool_planes(x, out, plan, scratch, reduce, empty):
+    grid, window = plan.grid, plan.window
+    full = slice(None)
+    # Batch and channels pool alike: one leading axis of planes.
+    x = x.reshape(-1, *window.in_spatial)
+    out = out.reshape(-1, *window.out_spatial)
+    total = x.shape[0]
+    for b0 in range(0, total, plan.block):
+        b1 = min(total, b0 + plan.block)
+        b = b1 - b0
+        phases = len(grid.fills) * b * grid.plane_size
+        planes = scratch[:phases].reshape(len(grid.fills), b, grid.plane_size)
+        acc = scratch[phases:phases + b * grid.q_size].reshape(b, grid.q_size)
+        _fill_planes(planes, x[b0:b1], grid, empty)
+        for t, (p, offset) in enumerate(grid.taps):
+            shifted = planes[p, :, offset:offset + grid.q_size]
+            if t == 0:
+                np.copyto(acc, shifted)
+            else:
+                reduce(acc, shifted, out=acc)
+        result = acc.reshape(b, *grid.q_shape)[(full,) + grid.out_index]
+        if plan.kind == "average":
+            np.divide(result, plan.divisor, out=out[b0:b1])
+        else:
+            np.copyto(out[b0:b1], result)

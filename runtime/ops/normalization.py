@@ -1,0 +1,188 @@
+"""ONNX normalizations for inference: BatchNormalization, LayerNormalization, InstanceNormalization.
+
+BatchNormalization with constant statistics is one multiply-add per element: the
+per-channel factor and offset are computed once at PREPARE (the four parameter
+inputs are then `packed`, so their mapped pages can be released). Layer and
+instance normalization standardize rows of a (rows, reduced size) view in the
+output buffer, in the stash type (float32 for half inputs).
+"""
+
+import math
+
+import numpy as np
+
+from .conv import NodeErrors
+from .registry import Kernel, TensorInfo, register
+
+# TensorProto element types allowed as LayerNormalization's stash_type.
+STASH_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}
+
+
+class _Normalization(NodeErrors, Kernel):
+    def check_float(self, x):
+        if x is None:
+            self.fail("input X is required")
+        if x.dtype.kind != "f":
+            self.fail(f"input X has type {x.dtype}; expected a floating type")
+
+
+def _standardize(rows, epsilon, dtype, out=None):
+    """Each row of `rows` to zero mean and unit variance, computed in `dtype`.
+
+    Writes into `out` when it has that dtype (else into a new array) and returns
+    (standardized, mean, inverse standard deviation), the last two as (rows, 1).
+    """
+    work = out if out is not None and out.dtype == dtype else np.empty(rows.shape, dtype)
+    mean = np.mean(rows, axis=1, keepdims=True, dtype=dtype)
+    np.subtract(rows, mean, out=work)
+    # Sum of squares without a squared temporary of the input's size.
+    inv_std = np.einsum("ij,ij->i", work, work)[:, None]
+    inv_std /= max(rows.shape[1], 1)
+    inv_std += epsilon
+    np.sqrt(inv_std, out=inv_std)
+    np.reciprocal(inv_std, out=inv_std)
+    np.multiply(work, inv_std, out=work)
+    return work, mean, inv_std
+
+
+@register("BatchNormalization", since=1)
+class BatchNormalization(_Normalization):
+    """Inference mode only: Y = (X - mean) / sqrt(var + epsilon) * scale + B.
+
+    Before opset 9, `spatial=0` gives per-activation statistics of shape (C, D1, ...).
+    """
+    attributes = {"epsilon": 1e-5, "momentum": 0.9, "spatial": 1, "training_mode": 0}
+
+    def decode(self):
+        if self.training_mode:
+            self.fail("training_mode=1 is not supported (inference only)")
+        if sum(1 for name in self.node.outputs[1:] if name):
+            self.fail("the running statistics outputs exist in training mode only, which is not supported")
+        if self.opset >= 9:
+            self.spatial = 1
+
+    def infer(self, x, scale, b, mean, var):
+        self.check_float(x)
+        if len(x.shape) < 2:
+            self.fail(f"input X has shape {list(x.shape)}; expected (N, C, ...)")
+        expected = (x.shape[1],) if self.spatial else tuple(x.shape[1:])
+        for what, p in (("scale", scale), ("B", b), ("input_mean", mean), ("input_var", var)):
+            if p is None:
+                self.fail(f"input {what} is required")
+            if tuple(p.shape) != expected or p.dtype.kind != "f":
+                self.fail(f"{what} has shape {list(p.shape)} {p.dtype}; expected {list(expected)} floating")
+        self.shape = expected + (1,) * (len(x.shape) - 1 - len(expected))
+        return [TensorInfo(tuple(x.shape), x.dtype)]
+
+    def coefficients(self, scale, b, mean, var, dtype):
+        """Y = X * factor + offset, per channel, computed in double once."""
+        factor = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + self.epsilon)
+        offset = b.astype(np.float64) - mean.astype(np.float64) * factor
+        return factor.astype(dtype).reshape(self.shape), offset.astype(dtype).reshape(self.shape)
+
+    def prepare(self, x, scale, b, mean, var):
+        self.infer(x, scale, b, mean, var)
+        params = (scale, b, mean, var)
+        if all(p.value is not None for p in params):
+            self.fixed = self.coefficients(*(p.value for p in params), x.dtype)
+            self.packed = frozenset({1, 2, 3, 4})
+        return []
+
+    def run(self, x, scale=None, b=None, mean=None, var=None, *, outs, scratch=()):
+        fixed = getattr(self, "fixed", None)
+        if fixed is not None:
+            factor, offset = fixed
+        else:
+            if not hasattr(self, "shape"):  # folded before prepare
+                self.infer(*(TensorInfo.of(a) for a in (x, scale, b, mean, var)))
+            factor, offset = self.coefficients(scale, b, mean, var, x.dtype)
+        y = outs[0]
+        np.multiply(x, factor, out=y)
+        np.add(y, offset, out=y)
+        return y
+
+
+@register("LayerNormalization", since=17)
+class LayerNormalization(_Normalization):
+    """Standardize over the axes from `axis` on; Mean and InvStdDev are optional outputs."""
+    attributes = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
+
+    def decode(self):
+        if self.stash_type not in STASH_TYPES:
+            self.fail(f"stash_type {self.stash_type} is not float, float16 or double")
+        self.stash = np.dtype(STASH_TYPES[self.stash_type])
+
+    def infer(self, x, scale, b=None):
+        self.check_float(x)
+        rank = len(x.shape)
+        if not -rank <= self.axis < rank:
+            self.fail(f"axis {self.axis} is out of range for rank {rank}")
+        axis = self.axis % rank
+        normalized = tuple(x.shape[axis:])
+        for what, p in (("Scale", scale), ("B", b)):
+            if p is None:
+                if what == "Scale":
+                    self.fail("input Scale is required")
+                continue
+            try:
+                if np.broadcast_shapes(tuple(p.shape), normalized) != normalized:
+                    raise ValueError
+            except ValueError:
+                self.fail(f"{what} of shape {list(p.shape)} does not broadcast to {list(normalized)}")
+        self.split = axis
+        stats = TensorInfo(tuple(x.shape[:axis]) + (1,) * (rank - axis), self.stash)
+        return [TensorInfo(tuple(x.shape), x.dtype), stats, stats][:max(1, len(self.node.outputs))]
+
+    def run(self, x, scale, b=None, *, outs, scratch=()):
+        if not hasattr(self, "split"):
+            self.infer(*(None if a is None else TensorInfo.of(a) for a in (x, scale, b)))
+        normalized = x.shape[self.split:]
+        size = math.prod(normalized)
+        rows = x.reshape(-1, size)
+        y = outs[0].reshape(rows.shape)
+        dtype = np.result_type(x.dtype, self.stash)
+        work, mean, inv_std = _standardize(rows, self.epsilon, dtype, out=y)
+        np.multiply(work, _flat(scale, normalized), out=work)
+        if b is not None:
+            np.add(work, _flat(b, normalized), out=work)
+        if work is not y:
+            np.copyto(y, work, casting="unsafe")
+        for out, stat in zip(outs[1:], (mean, inv_std)):
+            if out is not None:
+                np.copyto(out.reshape(stat.shape), stat, casting="unsafe")
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _flat(p, shape):
+    """A parameter broadcast to `shape`, flattened (a view unless it really broadcasts)."""
+    if tuple(p.shape) != tuple(shape):
+        p = np.broadcast_to(p, shape)
+    return p.reshape(-1)
+
+
+@register("InstanceNormalization", since=1)
+class InstanceNormalization(_Normalization):
+    """Standardize each (n, c) plane over its spatial dims, then scale and shift per channel."""
+    attributes = {"epsilon": 1e-5}
+
+    def infer(self, x, scale, b):
+        self.check_float(x)
+        if len(x.shape) < 3:
+            self.fail(f"input X has shape {list(x.shape)}; expected (N, C, D1, ...)")
+        for what, p in (("scale", scale), ("B", b)):
+            if p is None or tuple(p.shape) != (x.shape[1],):
+                self.fail(f"input {what} must have shape ({x.shape[1]},)")
+        return [TensorInfo(tuple(x.shape), x.dtype)]
+
+    def run(self, x, scale, b, *, outs, scratch=()):
+        n, c = x.shape[:2]
+        rows = x.reshape(n * c, -1)
+        y = outs[0].reshape(rows.shape)
+        dtype = np.result_type(x.dtype, np.float32)
+        work, _, _ = _standardize(rows, self.epsilon, dtype, out=y)
+        planes = work.reshape(n, c, -1)
+        np.multiply(planes, scale.reshape(c, 1), out=planes)
+        np.add(planes, b.reshape(c, 1), out=planes)
+        if work is not y:
+            np.copyto(y, work, casting="unsafe")
+        return outs[0]

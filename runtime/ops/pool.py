@@ -1,0 +1,118 @@
+"""ONNX pooling: MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool (NCHW).
+
+The windowed pools run `conv_core.pool`: one vectorised max or add per kernel tap
+over the phase planes of a block of (batch, channel) planes at once, in bounded
+scratch. An average divides by the count of taps the window covers (padding
+counted or not, by `count_include_pad`).
+"""
+
+import math
+
+import numpy as np
+
+from . import conv_core
+from .conv import NodeErrors
+from .registry import REQUIRED, Kernel, TensorInfo, register
+
+
+class _WindowPool(NodeErrors, Kernel):
+    attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": REQUIRED,
+                  "pads": None, "strides": None}
+    kind = None
+    count_include_pad = 0
+
+    def decode(self):
+        if self.auto_pad not in conv_core.AUTO_PADS:
+            self.fail(f"auto_pad {self.auto_pad!r} is not one of {', '.join(conv_core.AUTO_PADS)}")
+
+    def check_dtype(self, dtype):
+        if dtype.kind != "f":
+            self.fail(f"input X has type {dtype}; expected a floating type")
+
+    def infer(self, x):
+        if len(x.shape) < 3:
+            self.fail(f"input X has shape {list(x.shape)}; expected (N, C, D1, ...)")
+        self.check_dtype(x.dtype)
+        if len(self.kernel_shape) != len(x.shape) - 2:
+            self.fail(f"kernel_shape {list(self.kernel_shape)} does not fit input shape {list(x.shape)}")
+        try:
+            self.window = conv_core.make_window(x.shape[2:], self.kernel_shape, self.strides, self.dilations,
+                                                self.pads, self.auto_pad, bool(self.ceil_mode))
+        except ValueError as e:
+            self.fail(str(e))
+        return [TensorInfo((x.shape[0], x.shape[1], *self.window.out_spatial), x.dtype)]
+
+    def prepare(self, x):
+        self.infer(x)
+        self.plan = conv_core.pool_plan(self.window, self.kind, x.shape[1], x.dtype,
+                                        count_include_pad=bool(self.count_include_pad), batch=x.shape[0])
+        return self.plan.scratch()
+
+    def run(self, x, *, outs, scratch=()):
+        if getattr(self, "plan", None) is None:  # folded before prepare
+            self.prepare(TensorInfo.of(x))
+        conv_core.pool(x, outs[0], self.plan, scratch[0] if scratch else None)
+        return outs[0]
+
+
+@register("MaxPool", since=1)
+class MaxPool(_WindowPool):
+    """MaxPool; int8/uint8 since opset 12. The Indices output is not supported."""
+    attributes = {**_WindowPool.attributes, "storage_order": 0}
+    kind = "max"
+
+    def decode(self):
+        super().decode()
+        if len(self.node.outputs) > 1 and self.node.outputs[1]:
+            self.fail("the optional output Indices is not supported")
+
+    def check_dtype(self, dtype):
+        if dtype.kind != "f" and dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+            self.fail(f"input X has type {dtype}; expected a floating type, int8 or uint8")
+
+
+@register("AveragePool", since=1)
+class AveragePool(_WindowPool):
+    """AveragePool; count_include_pad since opset 7, ceil_mode since 10, dilations since 19."""
+    attributes = {**_WindowPool.attributes, "count_include_pad": 0}
+    kind = "average"
+
+
+class _GlobalPool(NodeErrors, Kernel):
+    reduce = None
+    averaging = None  # GlobalAveragePool: 1/size per element, the mean as one BLAS mat-vec
+
+    def infer(self, x):
+        if len(x.shape) < 3:
+            self.fail(f"input X has shape {list(x.shape)}; expected (N, C, D1, ...)")
+        return [TensorInfo((*x.shape[:2], *(1,) * (len(x.shape) - 2)), x.dtype)]
+
+    def run(self, x, *, outs, scratch=()):
+        out = outs[0]
+        # One reduction over the flattened plane: faster than over several axes.
+        planes = x.reshape(x.shape[0], x.shape[1], -1)
+        target = out.reshape(out.shape[0], out.shape[1])
+        averaging = self.averaging
+        if averaging is not None and averaging.shape[0] == planes.shape[2] and averaging.dtype == x.dtype:
+            np.matmul(planes, averaging, out=target)
+        else:
+            self.reduce(planes, axis=2, out=target)
+        return out
+
+
+@register("GlobalAveragePool", since=1)
+class GlobalAveragePool(_GlobalPool):
+    reduce = staticmethod(np.mean)
+
+    def prepare(self, x):
+        size = math.prod(x.shape[2:])
+        # numpy's reduction over short rows is several times slower than BLAS's mat-vec;
+        # half floats have no BLAS and keep the reduction (which accumulates in float32).
+        if size and x.dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+            self.averaging = np.full(size, 1 / size, x.dtype)
+        return []
+
+
+@register("GlobalMaxPool", since=1)
+class GlobalMaxPool(_GlobalPool):
+    reduce = staticmethod(np.max)

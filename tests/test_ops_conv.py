@@ -1,0 +1,360 @@
+"""Conv and ConvTranspose against onnxruntime (onnx's reference evaluator where ORT lacks a case)."""
+
+import numpy as np
+import pytest
+from oracle import assert_close, check_model, check_node, helper, make_model, rng, run_nnrun, run_onnxruntime
+
+import nnrun
+from nnrun import ir
+from nnrun.ops import conv_core
+from nnrun.ops.conv import Conv, ConvTranspose
+from nnrun.ops.registry import TensorInfo
+
+
+def _data(shape, seed=0):
+    return rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _conv_case(x_shape, w_shape, attrs, bias=True, fed=False, opset=17, oracle="onnxruntime", seed=0):
+    x = _data(x_shape, seed)
+    w = _data(w_shape, seed + 1)
+    params = [("w", w)] + ([("b", _data((w_shape[0],), seed + 2))] if bias else [])
+    if fed:
+        return check_node("Conv", [("x", x)] + params, attrs, opset=opset, oracle=oracle)
+    return check_node("Conv", [("x", x)], attrs, initializers=params, opset=opset, oracle=oracle)
+
+
+CONV_2D = [
+    # (x shape, w shape, attributes)
+    ((1, 3, 7, 7), (4, 3, 3, 3), {}),
+    ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 11, 10), (6, 4, 3, 2), {"pads": [0, 2, 1, 0], "strides": [2, 3]}),
+    ((1, 3, 13, 12), (4, 3, 3, 3), {"dilations": [2, 3], "strides": [2, 1], "pads": [2, 1, 0, 3]}),
+    ((1, 2, 10, 9), (3, 2, 5, 4), {"strides": [3, 2], "dilations": [2, 1]}),
+    ((2, 3, 9, 7), (4, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((2, 3, 9, 7), (4, 3, 4, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 3]}),
+    ((1, 3, 8, 9), (4, 3, 2, 4), {"auto_pad": "SAME_UPPER"}),
+    ((1, 3, 8, 9), (4, 3, 2, 4), {"auto_pad": "SAME_LOWER"}),
+    ((1, 3, 9, 10), (4, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"kernel_shape": [3, 3], "pads": [3, 3, 3, 3]}),  # taps fully in padding
+    # stride 1, width kept: im2col copies whole rows as flat runs
+    ((1, 3, 10, 11), (4, 3, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 3, 7, 9), (4, 3, 3, 3), {"pads": [0, 2, 1, 0]}),
+    ((2, 3, 6, 8), (4, 3, 2, 5), {"dilations": [1, 2], "pads": [1, 3, 0, 5]}),
+    ((2, 8, 7, 7), (6, 8, 1, 1), {}),                                               # pointwise
+    ((1, 8, 9, 9), (6, 8, 1, 1), {"strides": [2, 2]}),                              # strided 1x1
+    ((1, 8, 5, 5), (6, 8, 1, 1), {"pads": [1, 0, 0, 1]}),                           # padded 1x1
+    ((1, 4, 1, 1), (6, 4, 1, 1), {}),
+    ((1, 3, 5, 5), (2, 3, 5, 5), {}),                                               # kernel = input
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", CONV_2D)
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_2d(x_shape, w_shape, attrs, bias):
+    _conv_case(x_shape, w_shape, attrs, bias=bias)
+
+
+GROUPED = [
+    ((2, 6, 9, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),                     # depthwise
+    ((1, 5, 10, 11), (5, 1, 3, 3), {"group": 5, "strides": [2, 2], "pads": [1, 0, 0, 1]}),
+    ((1, 4, 9, 9), (8, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),                     # multiplier 2
+    ((1, 4, 12, 11), (12, 1, 5, 3), {"group": 4, "dilations": [2, 1], "strides": [1, 2],
+                                     "pads": [4, 1, 3, 0]}),
+    ((1, 3, 8, 8), (3, 1, 3, 3), {"group": 3, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ((1, 3, 6, 6), (3, 1, 3, 3), {"group": 3, "pads": [3, 3, 3, 3]}),   # no tap covers a tile
+    ((2, 6, 8, 7), (4, 3, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+    ((1, 8, 9, 9), (12, 2, 3, 3), {"group": 4, "strides": [2, 2], "dilations": [1, 2]}),
+    ((1, 8, 7, 7), (8, 4, 1, 1), {"group": 2}),
+]
+
+
+@pytest.mark.parametrize("auto_pad, pads", [("SAME_UPPER", [2, 2, 2, 3]), ("SAME_LOWER", [2, 3, 2, 2])])
+def test_conv_same_with_dilation(auto_pad, pads):
+    # onnxruntime refuses SAME with dilations and the reference evaluator pads for the undilated
+    # kernel; the spec pads so that out = ceil(in / stride) for the dilated extent, which for
+    # in (9, 10), kernel 3 dilated 2 and 3, stride 2 is the explicit padding `pads`.
+    x = _data((1, 3, 9, 10))
+    w = _data((4, 3, 3, 3), 1)
+    attrs = {"strides": [2, 2], "dilations": [2, 3]}
+    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad=auto_pad, **attrs)
+    (expected,) = run_onnxruntime(
+        make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=pads, **attrs)],
+                   [("x", x)], [("y", None)], [("w", w)]), {"x": x})
+    assert expected.shape == (1, 4, 5, 5)
+    actual = run_nnrun(make_model([node], [("x", x)], [("y", None)], [("w", w)]), {"x": x})[0]
+    assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", GROUPED)
+def test_conv_grouped(x_shape, w_shape, attrs):
+    _conv_case(x_shape, w_shape, attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 17), (4, 3, 3), {}),
+    ((1, 3, 20), (4, 3, 4), {"pads": [2, 1], "strides": [3], "dilations": [2]}),
+    ((1, 3, 11), (5, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2]}),
+    ((1, 6, 15), (6, 1, 5), {"group": 6, "pads": [2, 2]}),
+    ((1, 4, 13), (6, 2, 3), {"group": 2, "pads": [0, 1]}),
+    ((1, 4, 9), (5, 4, 1), {}),
+])
+def test_conv_1d(x_shape, w_shape, attrs):
+    _conv_case(x_shape, w_shape, attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1, 0, 1, 1, 1, 0]}),
+    ((2, 2, 7, 6, 5), (3, 2, 2, 3, 2), {"strides": [2, 1, 2], "dilations": [1, 2, 1]}),
+    ((1, 4, 5, 5, 5), (4, 1, 3, 3, 3), {"group": 4, "auto_pad": "SAME_UPPER"}),
+    ((1, 4, 4, 5, 3), (6, 4, 1, 1, 1), {}),
+])
+def test_conv_3d(x_shape, w_shape, attrs):
+    _conv_case(x_shape, w_shape, attrs)
+
+
+@pytest.mark.parametrize("w_shape, attrs", [
+    ((4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
+    ((4, 3, 1, 1), {}),
+])
+def test_conv_weights_fed(w_shape, attrs):
+    x_shape = (2, 3, 8, 7)
+    _conv_case(x_shape, w_shape, attrs, fed=True)
+
+
+@pytest.mark.parametrize("opset", [7, 11, 21])
+def test_conv_opsets(opset):
+    _conv_case((1, 3, 9, 9), (4, 3, 3, 3), {"pads": [1, 2, 0, 1], "strides": [2, 1]}, opset=opset)
+
+
+@pytest.mark.parametrize("attrs, w_shape", [
+    ({"pads": [1, 1, 1, 1]}, (5, 3, 3, 3)),
+    ({"pads": [1, 1, 1, 1], "group": 3}, (3, 1, 3, 3)),
+    ({"strides": [2, 2], "pads": [0, 1, 2, 0]}, (4, 3, 3, 2)),
+])
+def test_conv_many_tiles(monkeypatch, attrs, w_shape):
+    # Tiny tiles so that every output row is a tile of its own and borders fall inside tiles.
+    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 64)
+    monkeypatch.setattr(conv_core, "CACHE_TILE", 64)
+    _conv_case((2, 3, 11, 9), w_shape, attrs)
+
+
+def test_conv_float64():
+    x = _data((1, 3, 7, 6)).astype(np.float64)
+    w = _data((4, 3, 3, 3), 1).astype(np.float64)
+    check_node("Conv", [("x", x)], {"pads": [1, 1, 1, 1]}, initializers=[("w", w)], oracle="reference")
+
+
+def test_conv_empty_batch():
+    x = np.zeros((0, 3, 7, 7), np.float32)
+    w = _data((4, 3, 3, 3))
+    check_node("Conv", [("x", x)], {"pads": [1, 1, 1, 1]}, initializers=[("w", w)])
+
+
+def _kernel(op_type, cls, attrs, *infos, outputs=1):
+    node = ir.Node("n", op_type, "", [f"i{k}" for k in range(len(infos))],
+                   [f"o{k}" for k in range(outputs)], attrs)
+    k = cls(node, 17)
+    out_infos = k.infer(*infos)
+    return k, out_infos, k.prepare(*infos)
+
+
+def test_general_scratch_stays_bounded():
+    x = TensorInfo((1, 64, 224, 224), np.dtype(np.float32))
+    w = TensorInfo((64, 64, 3, 3), np.dtype(np.float32))
+    _, _, spec = _kernel("Conv", Conv, {"pads": [1, 1, 1, 1]}, x, w)
+    assert len(spec) == 1
+    nbytes = int(np.prod(spec[0][0])) * np.dtype(spec[0][1]).itemsize
+    row = 64 * 9 * 224 * 4  # the column buffer of one output row
+    assert 0 < nbytes <= conv_core.SCRATCH_LIMIT + row
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 256, 112, 112), (256, 1, 3, 3), {"group": 256, "pads": [1, 1, 1, 1]}),
+    ((1, 96, 112, 112), (96, 1, 5, 5), {"group": 96, "pads": [2, 2, 2, 2], "strides": [2, 2]}),
+    ((1, 64, 224, 224), (64, 32, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+])
+def test_other_paths_scratch_stays_bounded(x_shape, w_shape, attrs):
+    x = TensorInfo(x_shape, np.dtype(np.float32))
+    w = TensorInfo(w_shape, np.dtype(np.float32))
+    _, _, spec = _kernel("Conv", Conv, attrs, x, w)
+    nbytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec)
+    assert 0 < nbytes <= conv_core.SCRATCH_LIMIT
+
+
+def test_transpose_scratch_stays_bounded():
+    x = TensorInfo((1, 128, 112, 112), np.dtype(np.float32))
+    w = TensorInfo((128, 64, 4, 4), np.dtype(np.float32))
+    _, _, spec = _kernel("ConvTranspose", ConvTranspose, {"strides": [2, 2], "pads": [1, 1, 1, 1]}, x, w)
+    nbytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec)
+    assert 0 < nbytes <= conv_core.SCRATCH_LIMIT
+
+
+def test_pointwise_needs_no_scratch():
+    x = TensorInfo((1, 64, 56, 56), np.dtype(np.float32))
+    w = TensorInfo((128, 64, 1, 1), np.dtype(np.float32))
+    _, _, spec = _kernel("Conv", Conv, {}, x, w)
+    assert spec == []
+
+
+@pytest.mark.parametrize("w_shape, group", [((6, 3, 3, 3), 1), ((6, 1, 3, 3), 3), ((6, 1, 1, 1), 3),
+                                            ((6, 3, 1, 1), 1)])
+@pytest.mark.parametrize("activation, onnx_node", [
+    (("Relu", {}), ("Relu", {})),
+    (("Clip", {"min": -0.5, "max": 0.5}), None),
+    (("LeakyRelu", {"alpha": 0.2}), ("LeakyRelu", {"alpha": 0.2})),
+])
+def test_fused_activation(w_shape, group, activation, onnx_node):
+    # The compiler sets `_activation` on a Conv node; the oracle is Conv followed by the activation.
+    x = _data((2, 3, 8, 7))
+    w = _data(w_shape, 1)
+    b = _data((6,), 2)
+    attrs = {"pads": [1, 1, 1, 1] if w_shape[2] == 3 else [0, 0, 0, 0], "group": group}
+    if onnx_node is None:  # Clip takes min and max as inputs since opset 11
+        act = helper.make_node("Clip", ["c", "lo", "hi"], ["y"])
+        inits = [("lo", np.float32(-0.5)), ("hi", np.float32(0.5))]
+    else:
+        act = helper.make_node(onnx_node[0], ["c"], ["y"], **onnx_node[1])
+        inits = []
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), act],
+                       [("x", x)], [("y", None)], [("w", w), ("b", b)] + inits)
+    (expected,) = run_onnxruntime(model, {"x": x})
+    kernel, (info,), spec = _kernel("Conv", Conv, {**attrs, "_activation": activation},
+                                    TensorInfo.of(x), TensorInfo.of(w), TensorInfo.of(b))
+    out = np.full(info.shape, np.nan, info.dtype)
+    scratch = tuple(np.full(s, np.nan, d) for s, d in spec)
+    kernel.run(x, w, b, outs=(out,), scratch=scratch)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 3, 5, 5), (4, 2, 3, 3), {}),                      # channels do not match
+    ((1, 4, 5, 5), (5, 2, 3, 3), {"group": 2}),            # outputs not divisible by group
+    ((1, 3, 5, 5), (4, 3, 3, 3), {"kernel_shape": [2, 2]}),
+    ((1, 3, 2, 2), (4, 3, 3, 3), {}),                      # kernel larger than the input
+    ((1, 3, 5, 5), (4, 3, 3, 3), {"pads": [1, 1]}),
+    ((1, 3, 5, 5), (4, 3, 3, 3), {"auto_pad": "SAME"}),
+])
+def test_conv_rejects_bad_models(x_shape, w_shape, attrs):
+    x = TensorInfo(x_shape, np.dtype(np.float32))
+    w = TensorInfo(w_shape, np.dtype(np.float32))
+    with pytest.raises(nnrun.ModelError, match="Conv node 'n'"):
+        _kernel("Conv", Conv, attrs, x, w)
+
+
+# ---------------------------------------------------------------------------------------------
+# ConvTranspose
+
+
+def _transpose_case(x_shape, w_shape, attrs, bias=True, fed=False, oracle="onnxruntime", opset=17):
+    x = _data(x_shape)
+    w = _data(w_shape, 1)
+    params = [("w", w)] + ([("b", _data((w_shape[1] * attrs.get("group", 1),), 2))] if bias else [])
+    if fed:
+        return check_node("ConvTranspose", [("x", x)] + params, attrs, oracle=oracle, opset=opset)
+    return check_node("ConvTranspose", [("x", x)], attrs, initializers=params, oracle=oracle, opset=opset)
+
+
+TRANSPOSE_2D = [
+    ((1, 3, 5, 4), (3, 4, 3, 3), {}),
+    ((2, 3, 5, 4), (3, 2, 3, 3), {"pads": [1, 0, 2, 1], "dilations": [2, 1]}),
+    ((2, 3, 5, 4), (3, 2, 3, 3), {"strides": [2, 2]}),
+    ((1, 3, 5, 6), (3, 4, 3, 2), {"strides": [2, 3], "pads": [1, 0, 0, 1]}),
+    ((1, 3, 4, 5), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 0]}),
+    ((1, 2, 5, 5), (2, 3, 3, 2), {"dilations": [2, 3], "strides": [1, 2]}),
+    ((1, 3, 4, 4), (3, 2, 3, 3), {"strides": [2, 2], "output_shape": [9, 10]}),
+    ((1, 3, 4, 4), (3, 2, 3, 3), {"strides": [2, 2], "output_shape": [8, 8], "auto_pad": "SAME_UPPER"}),
+    ((1, 3, 4, 5), (3, 2, 3, 4), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 3, 4, 5), (3, 2, 3, 4), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 3, 4, 5), (3, 2, 3, 3), {"auto_pad": "VALID", "strides": [3, 2]}),
+    ((1, 4, 5, 5), (4, 3, 3, 3), {"group": 2, "strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    ((2, 4, 4, 4), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1],
+                                  "output_padding": [1, 1]}),
+    ((1, 3, 4, 4), (3, 5, 1, 1), {}),
+    ((1, 3, 4, 4), (3, 5, 2, 2), {"strides": [2, 2]}),
+    ((1, 3, 4, 4), (3, 2, 2, 2), {"strides": [3, 3]}),   # stride > kernel leaves zero rows
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", TRANSPOSE_2D)
+def test_conv_transpose_2d(x_shape, w_shape, attrs):
+    _transpose_case(x_shape, w_shape, attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs, bias, fed", [
+    ((1, 3, 7), (3, 2, 3), {"strides": [2], "pads": [1, 2]}, True, False),
+    ((2, 2, 6), (2, 3, 4), {"dilations": [2], "output_padding": [1], "strides": [2]}, False, False),
+    ((1, 2, 3, 4, 3), (2, 2, 3, 3, 2), {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1]}, True, False),
+    ((1, 3, 5, 4), (3, 4, 3, 3), {"strides": [2, 2]}, True, True),
+    ((1, 4, 5, 4), (4, 2, 3, 3), {"strides": [1, 2], "group": 2}, False, True),
+])
+def test_conv_transpose_other_ranks_and_fed(x_shape, w_shape, attrs, bias, fed):
+    _transpose_case(x_shape, w_shape, attrs, bias=bias, fed=fed)
+
+
+@pytest.mark.parametrize("opset", [7, 11, 21])
+def test_conv_transpose_opsets(opset):
+    _transpose_case((1, 3, 4, 5), (3, 2, 3, 3), {"strides": [2, 2], "pads": [0, 1, 1, 0]}, opset=opset)
+
+
+def test_conv_transpose_many_tiles(monkeypatch):
+    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 64)
+    _transpose_case((2, 4, 7, 5), (4, 3, 3, 3), {"strides": [2, 2], "pads": [1, 0, 0, 1], "group": 2})
+
+
+# ---------------------------------------------------------------------------------------------
+# The numeric core in channels-last layout (TFLite's), against onnxruntime on the NCHW transpose
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 4, 11, 10), (6, 2, 3, 2), {"pads": [0, 2, 1, 0], "strides": [2, 3], "group": 2}),
+    ((1, 3, 13, 12), (4, 3, 3, 3), {"dilations": [2, 3], "strides": [2, 1], "pads": [2, 1, 0, 3]}),
+    ((2, 6, 9, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    ((1, 4, 12, 11), (12, 1, 5, 3), {"group": 4, "dilations": [2, 1], "strides": [1, 2],
+                                     "pads": [4, 1, 3, 0]}),
+    ((2, 8, 7, 7), (6, 8, 1, 1), {}),
+])
+def test_core_channels_last(monkeypatch, x_shape, w_shape, attrs):
+    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 256)
+    monkeypatch.setattr(conv_core, "CACHE_TILE", 256)
+    x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
+    (expected,) = run_onnxruntime(make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)],
+                                             [("x", x)], [("y", None)], [("w", w), ("b", b)]), {"x": x})
+    group = attrs.get("group", 1)
+    window = conv_core.make_window(x_shape[2:], w_shape[2:], attrs.get("strides"), attrs.get("dilations"),
+                                   attrs.get("pads"))
+    plan = conv_core.conv_plan(window, x_shape[1], w_shape[0], group, np.float32, conv_core.CHANNELS_LAST)
+    x_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    out = np.full((x_shape[0], *window.out_spatial, w_shape[0]), np.nan, np.float32)
+    scratch = np.full(plan.scratch_elems, np.nan, np.float32)
+    if group == x_shape[1]:
+        # TFLite's depthwise weight: (1, kh, kw, C*M), tap-major as the core takes it.
+        w_tflite = np.ascontiguousarray(w.reshape(w_shape[0], -1).T).reshape(1, *w_shape[2:], w_shape[0])
+        w_taps = w_tflite.reshape(*w_shape[2:], x_shape[1], w_shape[0] // x_shape[1])
+        conv_core.depthwise_conv(x_last, w_taps, b, out, plan, scratch)
+    else:
+        w_last = np.ascontiguousarray(w.transpose(0, 2, 3, 1))  # TFLite's (Cout, kh, kw, Cin)
+        conv_core.conv(x_last, w_last, b, out, plan, scratch)
+    assert_close(out.transpose(0, 3, 1, 2), expected)
+
+
+@pytest.mark.parametrize("w_shape, group", [((6, 3, 3, 3), 1), ((6, 1, 3, 3), 3), ((6, 3, 1, 1), 1)])
+@pytest.mark.parametrize("act", ["Relu", "Sigmoid", "HardSwish"])
+def test_conv_activation_model(w_shape, group, act):
+    # Through the session: the compiler may fuse the activation into the Conv kernel.
+    x, w, b = _data((2, 3, 8, 7)), _data(w_shape, 1), _data((6,), 2)
+    pads = [1, 1, 1, 1] if w_shape[2] == 3 else [0, 0, 0, 0]
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, group=group),
+                        helper.make_node(act, ["c"], ["y"])],
+                       [("x", x)], [("y", None)], [("w", w), ("b", b)])
+    check_model(model, {"x": x})
+
+
+@pytest.mark.parametrize("w_shape, attrs", [((4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+                                            ((3, 1, 3, 3), {"group": 3, "strides": [2, 2]})])
+def test_conv_float16(w_shape, attrs):
+    x = _data((1, 3, 7, 6)).astype(np.float16)
+    w = _data(w_shape, 1).astype(np.float16)
+    check_node("Conv", [("x", x)], attrs, initializers=[("w", w)], rtol=3e-3)

@@ -1,0 +1,172 @@
+"""MaxPool, AveragePool and the global pools against onnxruntime (or onnx's reference evaluator)."""
+
+import numpy as np
+import pytest
+from oracle import check_node, rng
+
+import nnrun
+from nnrun import ir
+from nnrun.ops import conv_core
+from nnrun.ops.pool import MaxPool
+from nnrun.ops.registry import TensorInfo
+
+
+def _data(shape, dtype=np.float32, seed=0):
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng(seed).integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+    return rng(seed).standard_normal(shape).astype(dtype)
+
+
+WINDOWS_2D = [
+    {"kernel_shape": [2, 2]},
+    {"kernel_shape": [2, 2], "strides": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [0, 1, 2, 0]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [2, 3], "strides": [3, 2], "pads": [1, 0, 1, 2], "ceil_mode": 1},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+    {"kernel_shape": [2, 4], "strides": [2, 3], "auto_pad": "SAME_LOWER"},
+    {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "VALID"},
+    {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]},
+]
+
+
+@pytest.mark.parametrize("attrs", WINDOWS_2D)
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_pool_2d(op_type, attrs):
+    check_node(op_type, [("x", _data((2, 3, 11, 10)))], attrs)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 2, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+    {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1},
+])
+def test_average_pool_count_include_pad(attrs):
+    check_node("AveragePool", [("x", _data((1, 2, 9, 8)))], {**attrs, "count_include_pad": 1})
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "dilations": [2, 2]},
+    {"kernel_shape": [2, 3], "dilations": [2, 1], "strides": [2, 2], "pads": [1, 1, 0, 2]},
+    {"kernel_shape": [3, 2], "dilations": [1, 3], "strides": [2, 1], "ceil_mode": 1},
+])
+@pytest.mark.parametrize("op_type, extra, opset", [("MaxPool", {}, 12), ("AveragePool", {}, 19),
+                                                   ("AveragePool", {"count_include_pad": 1}, 19)])
+def test_pool_dilations(op_type, extra, opset, attrs):
+    check_node(op_type, [("x", _data((1, 3, 12, 11)))], {**attrs, **extra}, opset=opset)
+
+
+@pytest.mark.parametrize("x_shape, attrs", [
+    ((2, 3, 13), {"kernel_shape": [3], "strides": [2], "pads": [1, 0]}),
+    ((1, 2, 10), {"kernel_shape": [4], "strides": [3], "ceil_mode": 1}),
+    ((1, 2, 10), {"kernel_shape": [3], "auto_pad": "SAME_UPPER", "strides": [2]}),
+    ((1, 2, 6, 7, 5), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [0, 1, 1, 1, 1, 0]}),
+    ((1, 2, 5, 6, 7), {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "ceil_mode": 1}),
+])
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_pool_1d_3d(op_type, x_shape, attrs):
+    check_node(op_type, [("x", _data(x_shape))], attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float64, np.float16])
+def test_max_pool_dtypes(dtype):
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    check_node("MaxPool", [("x", _data((1, 3, 9, 8), dtype))], attrs, opset=12)
+
+
+def test_average_pool_float64():
+    check_node("AveragePool", [("x", _data((1, 3, 9, 8), np.float64))],
+               {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, oracle="reference")
+
+
+@pytest.mark.parametrize("opset", [7, 8, 10, 11, 12, 19, 21])
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_pool_opsets(op_type, opset):
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 0, 1]}
+    if op_type == "AveragePool":
+        attrs["count_include_pad"] = 1
+    check_node(op_type, [("x", _data((2, 3, 9, 8)))], attrs, opset=opset)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_pool_many_tiles(monkeypatch, op_type):
+    # One plane per chunk, and row tiles of one row in the channels-last path.
+    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 16)
+    monkeypatch.setattr(conv_core, "CACHE_TILE", 16)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 2, 0], "ceil_mode": 1}
+    check_node(op_type, [("x", _data((2, 2, 11, 9)))], attrs)
+
+
+def test_max_pool_storage_order_without_indices():
+    check_node("MaxPool", [("x", _data((1, 2, 6, 6)))], {"kernel_shape": [2, 2], "storage_order": 1})
+
+
+def test_pool_scratch_stays_bounded():
+    node = ir.Node("p", "MaxPool", "", ["x"], ["y"], {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                      "pads": [1, 1, 1, 1]})
+    k = MaxPool(node, 12)
+    x = TensorInfo((4, 64, 224, 224), np.dtype(np.float32))
+    k.infer(x)
+    nbytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in k.prepare(x))
+    assert 0 < nbytes <= conv_core.SCRATCH_LIMIT
+
+
+def test_max_pool_indices_are_refused():
+    node = ir.Node("p", "MaxPool", "", ["x"], ["y", "i"], {"kernel_shape": [2, 2]})
+    with pytest.raises(nnrun.ModelError, match="Indices"):
+        MaxPool(node, 12)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"kernel_shape": [2]}, {"kernel_shape": [2, 2], "pads": [1, 1]},
+                                   {"kernel_shape": [5, 5]}])
+def test_pool_rejects_bad_models(attrs):
+    node = ir.Node("p", "MaxPool", "", ["x"], ["y"], attrs)
+    with pytest.raises(nnrun.ModelError, match="MaxPool node 'p'"):
+        MaxPool(node, 12).infer(TensorInfo((1, 2, 4, 4), np.dtype(np.float32)))
+
+
+@pytest.mark.parametrize("x_shape", [(2, 3, 7, 5), (1, 4, 9), (1, 2, 3, 4, 5), (2, 3, 1, 1)])
+@pytest.mark.parametrize("op_type", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_global_pool(op_type, x_shape):
+    check_node(op_type, [("x", _data(x_shape))])
+
+
+@pytest.mark.parametrize("kind, op_type", [("max", "MaxPool"), ("average", "AveragePool")])
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [2, 3], "strides": [3, 2], "pads": [1, 0, 1, 2], "ceil_mode": 1},
+])
+def test_core_channels_last(monkeypatch, kind, op_type, attrs):
+    from oracle import assert_close, helper, make_model, run_onnxruntime
+    monkeypatch.setattr(conv_core, "CACHE_TILE", 64)
+    x = _data((2, 3, 11, 10))
+    (expected,) = run_onnxruntime(make_model([helper.make_node(op_type, ["x"], ["y"], **attrs)],
+                                             [("x", x)], [("y", None)]), {"x": x})
+    window = conv_core.make_window(x.shape[2:], attrs["kernel_shape"], attrs["strides"], None, attrs["pads"],
+                                   ceil_mode=bool(attrs.get("ceil_mode")))
+    plan = conv_core.pool_plan(window, kind, 3, np.float32, conv_core.CHANNELS_LAST)
+    out = np.full((2, *window.out_spatial, 3), np.nan, np.float32)
+    conv_core.pool(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), out, plan)
+    assert_close(out.transpose(0, 3, 1, 2), expected)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_pool_window_over_whole_plane(op_type):
+    check_node(op_type, [("x", _data((2, 3, 7, 6)))], {"kernel_shape": [7, 6]})
+
+
+def test_pool_rejects_absurd_kernels():
+    node = ir.Node("p", "MaxPool", "", ["x"], ["y"], {"kernel_shape": [100000, 100000],
+                                                       "pads": [99999, 99999, 99999, 99999]})
+    with pytest.raises(nnrun.ModelError, match="taps"):
+        MaxPool(node, 12).infer(TensorInfo((1, 2, 4, 4), np.dtype(np.float32)))
+
+
+@pytest.mark.parametrize("dtype, oracle", [(np.float64, "reference"), (np.float16, "onnxruntime")])
+@pytest.mark.parametrize("op_type", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_global_pool_dtypes(op_type, dtype, oracle):
+    check_node(op_type, [("x", _data((2, 3, 5, 4), dtype))], oracle=oracle, rtol=1e-3)
