@@ -5,21 +5,11 @@ which TFLite's convolutions share. Weights are used as they lie in the mapped
 file: no kernel here packs anything.
 """
 
-from ..errors import ModelError
 from . import conv_core
 from .registry import Kernel, TensorInfo, register
 
 
-class NodeErrors:
-    """Mixin for the kernels of the conv, pool and normalization families: `fail` raises a
-    ModelError naming the node (the node's index is added by the compiler when it reports)."""
-
-    def fail(self, message):
-        name = f" {self.node.name!r}" if self.node.name else ""
-        raise ModelError(f"{self.node.op_type} node{name}: {message}")
-
-
-class _ConvBase(NodeErrors, Kernel):
+class _ConvBase(Kernel):
     attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
                   "pads": None, "strides": None}
 

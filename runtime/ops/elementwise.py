@@ -17,12 +17,7 @@ import numpy as np
 
 from ..errors import ModelError
 from . import activation
-from .registry import Kernel, TensorInfo, register
-
-
-def describe(node):
-    """How an error names the node it is about: `Add node 'add_3'`."""
-    return f"{node.op_type} node {node.name!r}"
+from .registry import Kernel, TensorInfo, describe, register
 
 
 def broadcast_shape(node, *shapes):

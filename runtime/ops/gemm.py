@@ -13,7 +13,8 @@ import numpy as np
 
 from ..errors import ModelError
 from .activation import apply_activation
-from .elementwise import broadcast_shape, check_same_dtype, describe
+from .elementwise import broadcast_shape, check_same_dtype
+from .registry import describe
 from .registry import Kernel, TensorInfo, register
 
 

@@ -11,14 +11,13 @@ import math
 
 import numpy as np
 
-from .conv import NodeErrors
 from .registry import Kernel, TensorInfo, register
 
 # TensorProto element types allowed as LayerNormalization's stash_type.
 STASH_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}
 
 
-class _Normalization(NodeErrors, Kernel):
+class _Normalization(Kernel):
     def check_float(self, x):
         if x is None:
             self.fail("input X is required")

@@ -11,11 +11,10 @@ import math
 import numpy as np
 
 from . import conv_core
-from .conv import NodeErrors
 from .registry import REQUIRED, Kernel, TensorInfo, register
 
 
-class _WindowPool(NodeErrors, Kernel):
+class _WindowPool(Kernel):
     attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": REQUIRED,
                   "pads": None, "strides": None}
     kind = None
@@ -78,7 +77,7 @@ class AveragePool(_WindowPool):
     kind = "average"
 
 
-class _GlobalPool(NodeErrors, Kernel):
+class _GlobalPool(Kernel):
     reduce = None
     averaging = None  # GlobalAveragePool: 1/size per element, the mean as one BLAS mat-vec
 

@@ -19,7 +19,7 @@ import string
 import numpy as np
 
 from ..errors import ModelError
-from .elementwise import describe
+from .registry import describe
 from .registry import Kernel, TensorInfo, register
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))

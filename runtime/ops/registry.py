@@ -88,6 +88,10 @@ class Kernel:
     def decode(self):
         """Check and normalise attributes once; raise ModelError when they are wrong."""
 
+    def fail(self, message):
+        """Raise a ModelError naming this node (the compiler adds its index and phase)."""
+        raise ModelError(f"{describe(self.node)}: {message}")
+
     def infer(self, *inputs):
         raise NotImplementedError
 
@@ -96,6 +100,11 @@ class Kernel:
 
     def run(self, *inputs, outs, scratch):
         raise NotImplementedError
+
+
+def describe(node):
+    """How a kernel's error names its node: `Add node 'add_3'`."""
+    return f"{node.op_type} node {node.name!r}"
 
 
 def register(op_type, since=1, domain=""):

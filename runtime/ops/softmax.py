@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from .elementwise import describe
+from .registry import describe
 from .registry import Kernel, TensorInfo, register
 
 
