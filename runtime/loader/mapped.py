@@ -10,6 +10,7 @@ and `MappedFile.release` hands the pages of packed weights back to the kernel
 import bisect
 import mmap
 import os
+import weakref
 
 import numpy as np
 
@@ -21,9 +22,12 @@ PAGE_SIZE = mmap.PAGESIZE
 class MappedFile:
     """A read-only mapping of a model or external-data file, or a view of bytes."""
 
-    def __init__(self, buffer, path=None, mapping=None):
+    def __init__(self, buffer, path=None, mapping=None, fd=None):
         self.path = path
         self._mmap = mapping
+        self._fd = fd  # kept open for `read`, closed with this object
+        if fd is not None:
+            weakref.finalize(self, os.close, fd)
         self.buffer = memoryview(buffer).cast("B")
         self.size = len(self.buffer)
         # Byte ranges of weights that have not been released; sorted by start.
@@ -35,14 +39,19 @@ class MappedFile:
     def open(cls, path):
         path = os.fspath(path)
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    return cls(b"", path=path)
-                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            fd = os.open(path, os.O_RDONLY)
         except OSError as e:
             raise ModelError(f"cannot map {path!r}: {e.strerror or e}") from None
-        return cls(mapping, path=path, mapping=mapping)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                os.close(fd)
+                return cls(b"", path=path)
+            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            os.close(fd)
+            raise ModelError(f"cannot map {path!r}: {e.strerror or e}") from None
+        return cls(mapping, path=path, mapping=mapping, fd=fd)
 
     @classmethod
     def from_bytes(cls, data):
@@ -103,15 +112,21 @@ class MappedFile:
         self.released_bytes += end - start
         return end - start
 
-    def drop_resident(self):
-        """Unmap every page of the mapping from this process; they stay in the page cache.
+    def read(self, start, end):
+        """Bytes [start, end) of the file, read with pread rather than through the mapping.
 
-        The loader calls this after its walk: reading a tensor's header faults in
-        the pages around it, and a kernel that caches the file in large folios maps
-        a whole folio (up to 2 MB) per fault. Touching a weight later maps it again.
+        The loader walks the model's structure with this, so no page of the mapping
+        becomes resident at MODEL_LOAD: a kernel that caches the file in large
+        folios maps a whole folio (up to 2 MB) on one touch of the mapping. For a
+        MappedFile over bytes it is a view.
         """
-        if self._mmap is not None and self.size:
-            self._mmap.madvise(mmap.MADV_DONTNEED)
+        if self._fd is None:
+            return self.buffer[start:end]
+        data = os.pread(self._fd, end - start, start)
+        if len(data) != end - start:
+            raise ModelError(f"{self.path}: short read at byte offset {start} "
+                             f"(the file changed while it was loaded)")
+        return data
 
     def resident_bytes(self):
         """RSS of this mapping as /proc/self/smaps reports it (Linux), else None."""
@@ -184,6 +199,9 @@ def check_extent(source, offset, nbytes, dtype, shape, name):
     for d in shape:
         if d < 0:
             raise ModelError(f"{where}: negative dimension {d} in shape {list(shape)}")
+    if 0 in shape:  # empty, whatever the other dims say
+        count = 0
+    for d in shape:
         count *= d
         if count * dtype.itemsize > source.size:
             raise ModelError(f"{where}: shape {list(shape)} claims more bytes than the file holds "

@@ -1,0 +1,39 @@
+"""MODEL_LOAD: a model file (or its bytes) -> `ir.Graph`, reading no weight byte.
+
+`load_model` maps the file and dispatches on its format: ONNX (`loader.onnx`);
+TFLite (`.tflite`, or the flatbuffer identifier "TFL3") is recognised but not
+read yet.
+"""
+
+import os
+
+from ..errors import ModelError
+from .mapped import MappedFile
+
+TFLITE_IDENTIFIER = b"TFL3"  # flatbuffer file identifier, bytes 4..8
+
+
+def load_model(model, base_dir=None):
+    """The `ir.Graph` of `model`: a path, or the bytes of a model file.
+
+    External data files are resolved relative to `base_dir`, by default the
+    model's directory; a model given as bytes can use external data only when
+    `base_dir` is given.
+    """
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        path = None
+        source = MappedFile.from_bytes(model)
+    else:
+        try:
+            path = os.fspath(model)
+        except TypeError:
+            raise TypeError(f"a model is a path or bytes, not {type(model).__name__}") from None
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if path.lower().endswith(".tflite"):
+            raise ModelError("TFLite is not supported yet")
+        source = MappedFile.open(path)
+    if bytes(source.buffer[4:8]) == TFLITE_IDENTIFIER:
+        raise ModelError("TFLite is not supported yet")
+    from .onnx import load_onnx  # here, not at import: ir imports loader.mapped
+    return load_onnx(source, path=path, base_dir=base_dir)
