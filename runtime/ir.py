@@ -49,6 +49,7 @@ class Graph:
     initializers: dict  # name -> ExternalData | np.ndarray
     value_infos: dict = field(default_factory=dict)  # name -> ValueInfo
     opsets: dict = field(default_factory=dict)  # domain -> version
+    functions: dict = field(default_factory=dict)  # (domain, name[, overload]) -> model-local function
     source: Any = None  # the MappedFile the graph came from, if any
     format: str = "onnx"
     path: str | None = None
