@@ -25,7 +25,7 @@ from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
 from .plan import ArenaSlot, Plan, Step
-from .release import kept_arrays, mapped_sources, release_unused
+from .release import EagerRelease, kept_arrays, mapped_sources, release_unused
 from .rewrite import fold_batchnorm, fuse_activations
 
 FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this large...
@@ -83,8 +83,11 @@ def compile_graph(graph, feeds, options=CompileOptions()):
     nodes = [graph.nodes[i] for i in order]
     index_of = {id(n): i for i, n in enumerate(graph.nodes)}
 
+    sources = mapped_sources(graph)
+    released_before = sum(s.released_bytes for s in sources)
+    eager = EagerRelease(sources, options.release_weights)
     if options.fold_batchnorm:
-        nodes = fold_batchnorm(nodes, weights, output_set)
+        nodes = fold_batchnorm(nodes, weights, output_set, eager.copied)
     if options.fuse_activations:
         nodes = fuse_activations(nodes, weights, output_set)
 
@@ -141,18 +144,15 @@ def compile_graph(graph, feeds, options=CompileOptions()):
             raise _fail(index, node, "prepare", e) from e
         scratch_specs.append([(tuple(s), np.dtype(d)) for s, d in spec])
 
-    plan = _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, options)
+    plan = _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, options, eager)
 
     stats = dict(plan.stats)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
     stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)
     stats["weights_packed_bytes"] = _packed_bytes(plan, weights, graph.initializers)
-    released = 0
     if options.release_weights:
-        sources = mapped_sources(graph)
-        released = release_unused(sources, kept_arrays(plan.constants.values(),
-                                                       [s.kernel for s in plan.steps]))
-    stats["weights_released_bytes"] = released
+        release_unused(sources, kept_arrays(plan.constants.values(), [s.kernel for s in plan.steps]))
+    stats["weights_released_bytes"] = sum(s.released_bytes for s in sources) - released_before
     stats["prepare_ms"] = (time.perf_counter() - started) * 1e3
     return Plan(**{**plan.__dict__, "stats": stats})
 
@@ -182,7 +182,7 @@ def _fold(kernel, in_infos, out_infos):
     return [TensorInfo.of(o) for o in outs]
 
 
-def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, options):
+def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, options, eager):
     """Slots, order, lifetimes and offsets for the live steps."""
     slots = {}
     names = []
@@ -278,7 +278,7 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
             if n and n in constants:
                 slot(n)
     fresh = {slot(n): (infos[n].shape, infos[n].dtype) for n in fresh_names}
-    const_slots = {slots[n]: _aligned(v) for n, v in constants.items() if n in slots}
+    const_slots = {slots[n]: _aligned(v, eager) for n, v in constants.items() if n in slots}
     for n in graph_outputs:
         slot(n)
         if n in constants:
@@ -289,7 +289,7 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
                 arena_bytes, lb, {"steps": len(steps)})
 
 
-def _aligned(value):
+def _aligned(value, eager):
     """The value itself, or an aligned copy when it lies unaligned in the file.
 
     A raw_data payload starts wherever protobuf put it; numpy hands an unaligned
@@ -298,7 +298,9 @@ def _aligned(value):
     """
     array = value.array() if isinstance(value, ExternalData) else value
     if isinstance(array, np.ndarray) and not array.flags.aligned:
-        return np.array(array, copy=True)
+        copy = np.array(array, copy=True)
+        eager.copied(array)
+        return copy
     return value
 
 

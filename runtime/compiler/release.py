@@ -57,6 +57,31 @@ def kept_arrays(plan_constants, kernels):
                         yield v
 
 
+class EagerRelease:
+    """Release a weight's pages the moment PREPARE has copied it.
+
+    Packing a weight (Conv+BatchNormalization folding, an aligned copy) makes a
+    second copy of it; releasing the mapped one at once, rather than after the
+    whole plan is built, keeps the two from being resident together: PREPARE's
+    peak grows by one weight, not by all of them. Releasing is always safe: a
+    dropped page that is read again is only re-read from the file.
+    """
+
+    def __init__(self, sources, enabled=True):
+        self.bounds = [(s, s.address, s.address + s.size) for s in sources
+                       if enabled and s.releasable and s.size]
+
+    def copied(self, array):
+        """`array`, a view into a mapping, was copied and will not be read again."""
+        if not self.bounds or not isinstance(array, np.ndarray) or array.size == 0:
+            return 0
+        lo, _ = byte_bounds(array)
+        for source, start, end in self.bounds:
+            if start <= lo < end:
+                return source.release_containing(lo - start)
+        return 0
+
+
 def release_unused(sources, arrays):
     """Release every tracked weight range of `sources` that no array in `arrays` touches."""
     spans = {}  # id(source) -> list of (lo, hi) byte offsets kept

@@ -24,12 +24,12 @@ def _single_use(name, users, graph_outputs):
     return len(users.get(name, ())) == 1 and name not in graph_outputs
 
 
-def fold_batchnorm(nodes, weights, graph_outputs):
+def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda array: None):
     """Conv -> BatchNormalization (inference, constant parameters) becomes one Conv.
 
     W' = W * scale / sqrt(var + eps) per output channel, B' = (B - mean) * that + bias.
-    The new W' and B' are packed weights; the mapped originals are then unused and
-    released by the compiler.
+    The new W' and B' are packed weights; `copied` is told of each original that
+    no other node reads, so its mapped pages can go at once.
     """
     users = _consumers(nodes)
     fused_into = {}  # index of a BatchNormalization -> replacement Conv
@@ -61,6 +61,8 @@ def fold_batchnorm(nodes, weights, graph_outputs):
              if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
         new_w = (w * factor.reshape((-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)).astype(w.dtype)
         new_b = ((b - mean) * factor + bias).astype(w.dtype)
+        if len(users.get(conv.inputs[1], ())) == 1:
+            copied(w)
         base = conv.name or conv.outputs[0]
         w_name, b_name = f"{base}/bn_folded_weight", f"{base}/bn_folded_bias"
         weights[w_name] = new_w

@@ -84,6 +84,16 @@ class MappedFile:
         i = bisect.bisect_left(self._live_starts, page_end)
         return i > 0 and self._live_ranges[i - 1][1] > page_start
 
+    def release_containing(self, offset):
+        """Release the tracked weight whose bytes include `offset`; returns the bytes dropped."""
+        i = bisect.bisect_right(self._live_starts, offset)
+        if i == 0:
+            return 0
+        start, end = self._live_ranges[i - 1]
+        if not start <= offset < end:
+            return 0
+        return self.release(start, end - start)
+
     def release(self, offset, nbytes):
         """Drop the pages of [offset, offset+nbytes) that no tracked weight still uses.
 
