@@ -101,7 +101,7 @@ class Executor:
 def _store(result, outs, step):
     results = result if isinstance(result, (tuple, list)) else (result,)
     for out, value in zip(outs, results):
-        if out is None:
+        if out is None or value is out:
             continue
         value = np.asarray(value)
         if value.shape != out.shape:

@@ -66,7 +66,6 @@ class Conv(_ConvBase):
             self.prepare(TensorInfo.of(x), TensorInfo.of(w), None if b is None else TensorInfo.of(b))
             plan = self.plan
         conv_core.conv(x, w, b, outs[0], plan, scratch[0] if scratch else None, self.activation)
-        return outs[0]
 
 
 @register("ConvTranspose", since=1)
@@ -98,4 +97,3 @@ class ConvTranspose(_ConvBase):
             self.prepare(TensorInfo.of(x), TensorInfo.of(w), None if b is None else TensorInfo.of(b))
             plan = self.plan
         conv_core.conv_transpose(x, w, b, outs[0], plan, scratch[0] if scratch else None, self.activation)
-        return outs[0]

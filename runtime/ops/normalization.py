@@ -149,7 +149,6 @@ class LayerNormalization(_Normalization):
         for out, stat in zip(outs[1:], (mean, inv_std)):
             if out is not None:
                 np.copyto(out.reshape(stat.shape), stat, casting="unsafe")
-        return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _flat(p, shape):
@@ -184,4 +183,3 @@ class InstanceNormalization(_Normalization):
         np.add(planes, b.reshape(c, 1), out=planes)
         if work is not y:
             np.copyto(y, work, casting="unsafe")
-        return outs[0]

@@ -51,7 +51,6 @@ class _WindowPool(Kernel):
         if getattr(self, "plan", None) is None:  # folded before prepare
             self.prepare(TensorInfo.of(x))
         conv_core.pool(x, outs[0], self.plan, scratch[0] if scratch else None)
-        return outs[0]
 
 
 @register("MaxPool", since=1)
@@ -96,7 +95,6 @@ class _GlobalPool(Kernel):
             np.matmul(planes, averaging, out=target)
         else:
             self.reduce(planes, axis=2, out=target)
-        return out
 
 
 @register("GlobalAveragePool", since=1)
