@@ -106,7 +106,19 @@ def rng(seed=0):
     return np.random.default_rng(seed)
 
 
-__all__ = ["make_model", "check_model", "check_node", "assert_close", "run_onnxruntime",
+def data(shape, dtype=np.float32, seed=0):
+    """Random test data: N(0, 10) cast to `dtype` (bools: the positive ones)."""
+    values = np.asarray(rng(seed).standard_normal(shape) * 10)
+    if np.dtype(dtype) == np.bool_:
+        return np.asarray(values > 0)
+    return np.asarray(values.astype(dtype))
+
+
+def i64(*values):
+    return np.array(values, dtype=np.int64)
+
+
+__all__ = ["data", "i64", "make_model", "check_model", "check_node", "assert_close", "run_onnxruntime",
            "run_reference", "run_nnrun", "rng", "TensorProto", "helper", "numpy_helper", "onnx"]
 
 

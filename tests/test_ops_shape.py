@@ -3,22 +3,13 @@ Constant, ConstantOfShape, Expand, Range, EyeLike."""
 
 import numpy as np
 import pytest
-from oracle import check_model, check_node, helper, make_model, numpy_helper, rng
+from oracle import check_model, check_node, data, helper, i64, make_model, numpy_helper
 
 import nnrun
 
 DTYPES = [np.float32, np.int64, np.int32, np.bool_]
 
 
-def data(shape, dtype=np.float32, seed=0):
-    values = np.asarray(rng(seed).standard_normal(shape) * 10)
-    if np.dtype(dtype) == np.bool_:
-        return np.asarray(values > 0)
-    return np.asarray(values.astype(dtype))
-
-
-def i64(*values):
-    return np.array(values, dtype=np.int64)
 
 
 # ---- Shape, Size -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ ScatterElements."""
 
 import numpy as np
 import pytest
-from oracle import check_model, check_node, helper, make_model, rng
+from oracle import check_model, check_node, data, helper, i64, make_model, rng
 
 import nnrun
 
@@ -12,15 +12,6 @@ INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
 
 
-def data(shape, dtype=np.float32, seed=0):
-    values = np.asarray(rng(seed).standard_normal(shape) * 10)
-    if np.dtype(dtype) == np.bool_:
-        return np.asarray(values > 0)
-    return np.asarray(values.astype(dtype))
-
-
-def i64(*values):
-    return np.array(values, dtype=np.int64)
 
 
 def session(model):

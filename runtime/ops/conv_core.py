@@ -78,6 +78,18 @@ def _spatial_tuple(values, rank, default, what):
     return values
 
 
+def _explicit_pads(pads, rank):
+    """(begin, end) from ONNX `pads` [b1, b2, ..., e1, e2, ...]; no pads: zeros."""
+    if pads is None:
+        return (0,) * rank, (0,) * rank
+    pads = tuple(int(p) for p in pads)
+    if len(pads) != 2 * rank:
+        raise ValueError(f"pads has {len(pads)} values for {rank} spatial dims")
+    if min(pads, default=0) < 0:
+        raise ValueError(f"pads {list(pads)} must not be negative")
+    return pads[:rank], pads[rank:]
+
+
 def make_window(in_spatial, kernel, strides=None, dilations=None, pads=None, auto_pad="NOTSET",
                 ceil_mode=False):
     """The window of a convolution or pooling, with ONNX's meaning of every argument.
@@ -106,15 +118,7 @@ def make_window(in_spatial, kernel, strides=None, dilations=None, pads=None, aut
         large = [t - t // 2 for t in total]
         begin, end = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
         return Window(in_spatial, out, kernel, strides, dilations, tuple(begin), tuple(end))
-    if auto_pad == "VALID" or pads is None:
-        begin = end = (0,) * rank
-    else:
-        pads = tuple(int(p) for p in pads)
-        if len(pads) != 2 * rank:
-            raise ValueError(f"pads has {len(pads)} values for {rank} spatial dims")
-        if min(pads, default=0) < 0:
-            raise ValueError(f"pads {list(pads)} must not be negative")
-        begin, end = pads[:rank], pads[rank:]
+    begin, end = _explicit_pads(pads if auto_pad != "VALID" else None, rank)
     out = []
     for i, e, s, b, f in zip(in_spatial, extents, strides, begin, end):
         span = i + b + f - e
@@ -172,15 +176,8 @@ def make_transpose_window(in_spatial, kernel, strides=None, dilations=None, pads
         small = [t // 2 for t in total]
         large = [t - t // 2 for t in total]
         begin, end = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
-    elif auto_pad == "VALID" or pads is None:
-        begin = end = (0,) * rank
     else:
-        pads = tuple(int(p) for p in pads)
-        if len(pads) != 2 * rank:
-            raise ValueError(f"pads has {len(pads)} values for {rank} spatial dims")
-        if min(pads, default=0) < 0:
-            raise ValueError(f"pads {list(pads)} must not be negative")
-        begin, end = pads[:rank], pads[rank:]
+        begin, end = _explicit_pads(pads if auto_pad != "VALID" else None, rank)
     out = tuple(f - b - e for f, b, e in zip(full, begin, end))
     if min(out, default=1) < 1:
         raise ValueError(f"the output would have spatial shape {list(out)}")
@@ -892,7 +889,6 @@ def pool(x, out, plan, scratch=None):
             scratch = np.empty(plan.scratch_elems, plan.dtype)
         _pool_planes(x, out, plan, scratch, reduce, empty)
         return out
-    window = plan.window
     for n in range(out.shape[0]):
         x_n, out_n = x[n], out[n]
         for tile in plan.tiles:
