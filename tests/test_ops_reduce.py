@@ -7,6 +7,7 @@ from oracle import check_model, check_node, helper, make_model, rng, run_nnrun, 
 from nnrun import ModelError
 from nnrun.ir import Node
 from nnrun.ops import TensorInfo, lookup
+from nnrun.ops.registry import NeedsValueError
 
 F32 = np.float32
 
@@ -126,10 +127,15 @@ def kernel(op_type, attrs=None, opset=18, name="r0"):
     return lookup("", op_type, opset)(Node(name, op_type, "", [], ["y"], attrs or {}), opset)
 
 
-def test_axes_input_must_be_known_at_prepare():
+def test_axes_input_known_only_at_run_time():
     x = TensorInfo((2, 3), np.dtype(F32))
-    with pytest.raises(ModelError, match="r0.*axes"):
+    with pytest.raises(NeedsValueError, match="r0.*axes"):
         kernel("ReduceMean").infer(x, TensorInfo((1,), np.dtype(np.int64)))
+    data = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(F32)
+    model = make_model([helper.make_node("ReduceMean", ["x", "axes"], ["y"])],
+                       [("x", data), ("axes", (np.int64, [1]))], [("y", None)], opset=18)
+    for axes in ([1], [-1]):
+        check_model(model, {"x": data, "axes": np.array(axes, np.int64)})
     with pytest.raises(ModelError, match="out of range"):
         kernel("ReduceMean").infer(x, TensorInfo.of(np.array([2])))
     with pytest.raises(ModelError, match="repeated"):

@@ -86,12 +86,14 @@ def session(model):
     return nnrun.InferenceSession(model.SerializeToString())
 
 
-def test_reshape_shape_must_be_known():
+def test_reshape_shape_fed_at_run_time():
+    # The output shape then depends on a value known only per run: the node runs eagerly.
     x = data((2, 6))
-    node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="late_shape")
-    model = make_model([node], [("x", x), ("shape", i64(3, 4))], [("y", None)])
-    with pytest.raises(nnrun.ModelError, match="late_shape"):
-        session(model).run(None, {"x": x, "shape": i64(3, 4)})
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="late_shape"),
+             helper.make_node("Neg", ["r"], ["y"])]
+    model = make_model(nodes, [("x", x), ("shape", (np.int64, [2]))], [("y", None)])
+    for shape in (i64(3, 4), i64(-1, 2), i64(12, 1)):
+        check_model(model, {"x": x, "shape": shape})
 
 
 @pytest.mark.parametrize("target", [(5, -1), (-1, -1), (7, 2)])

@@ -167,12 +167,13 @@ def test_slice_opset1(starts, ends, axes):
     check_node("Slice", [("x", data((4, 5)))], attrs, opset=7)
 
 
-def test_slice_bounds_must_be_known():
+def test_slice_bounds_fed_at_run_time():
     x = data((4, 5))
     node = helper.make_node("Slice", ["x", "s", "e"], ["y"], name="late")
-    model = make_model([node], [("x", x), ("s", i64(1)), ("e", i64(3))], [("y", None)], opset=13)
-    with pytest.raises(nnrun.ModelError, match="late"):
-        session(model).run(None, {"x": x, "s": i64(1), "e": i64(3)})
+    model = make_model([node], [("x", x), ("s", (np.int64, [1])), ("e", (np.int64, [1]))],
+                       [("y", None)], opset=13)
+    for start, end in ((1, 3), (0, -1), (2, 100)):
+        check_model(model, {"x": x, "s": i64(start), "e": i64(end)})
 
 
 # ---- Gather, GatherElements ------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from .. import ops
 from ..errors import ModelError, NnrunError, UnsupportedOperatorError, node_label
 from ..ir import weight_array
 from ..loader.mapped import ExternalData
-from ..ops.registry import TensorInfo
+from ..ops.registry import NeedsValueError, TensorInfo
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
@@ -95,7 +95,8 @@ def compile_graph(graph, feeds, options=CompileOptions()):
     infos = {name: TensorInfo(tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in feeds.items()}
     for name, w in weights.items():
         infos[name] = TensorInfo(tuple(w.shape), np.dtype(w.dtype), weight_array(w))
-    steps = []  # (index, node, kernel, in_infos, out_infos)
+    steps = []  # (index, node, kernel, in_infos, out_infos); out_infos None: an eager step
+    dynamic = set()  # values whose shapes are known only when the model runs
     for node in nodes:
         index = index_of.get(id(node), -1)
         version = default_opset(graph, node.domain)
@@ -109,7 +110,20 @@ def compile_graph(graph, feeds, options=CompileOptions()):
                     in_infos.append(infos[name])
                 else:
                     raise ModelError(f"input {name!r} is not known here")
-            out_infos = list(kernel.infer(*in_infos))[:len(node.outputs)]
+            if any(name in dynamic for name in node.inputs):
+                out_infos = None
+            else:
+                try:
+                    out_infos = list(kernel.infer(*in_infos))[:len(node.outputs)]
+                except NeedsValueError:
+                    out_infos = None
+            if out_infos is None:
+                for name in node.outputs:
+                    if name:
+                        dynamic.add(name)
+                        infos[name] = None
+                steps.append((index, node, kernel, in_infos, None))
+                continue
             if len(out_infos) < len([o for o in node.outputs if o]):
                 raise ModelError(f"the shape rule gave {len(out_infos)} outputs for "
                                  f"{len(node.outputs)}")
@@ -138,6 +152,9 @@ def compile_graph(graph, feeds, options=CompileOptions()):
 
     scratch_specs = []
     for index, node, kernel, in_infos, out_infos in live_steps:
+        if out_infos is None:
+            scratch_specs.append([])
+            continue
         try:
             spec = kernel.prepare(*in_infos) or []
         except Exception as e:  # noqa: BLE001
@@ -145,8 +162,9 @@ def compile_graph(graph, feeds, options=CompileOptions()):
         scratch_specs.append([(tuple(s), np.dtype(d)) for s, d in spec])
 
     plan = _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, options, eager)
+    stats_eager = sum(1 for s in plan.steps if s.eager)
 
-    stats = dict(plan.stats)
+    stats = dict(plan.stats, eager_steps=stats_eager)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
     stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)
     stats["weights_packed_bytes"] = _packed_bytes(plan, weights, graph.initializers)
@@ -202,7 +220,12 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
     root = {}  # value name -> arena buffer name it lives in (itself, or an alias's source)
     output_set = set(graph_outputs)
     fresh_names = set()
+    dynamic_names = set()
     for pos, (index, node, kernel, in_infos, out_infos) in enumerate(live_steps):
+        if out_infos is None:
+            dynamic_names.update(n for n in node.outputs if n)
+            produced.update((n, pos) for n in node.outputs if n)
+            continue
         for name, info in zip(node.outputs, out_infos):
             if not name:
                 continue
@@ -215,7 +238,7 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
             else:
                 root[name] = name
     for name, info in infos.items():
-        if info.value is not None and name not in produced:
+        if info is not None and info.value is not None and name not in produced:
             constants[name] = info.value
 
     # Buffers each step reads and writes, in arena terms.
@@ -223,7 +246,7 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
     scratch_names = []
     for pos, (index, node, kernel, in_infos, out_infos) in enumerate(live_steps):
         reads = [root[n] for n in node.inputs if n and root.get(n)]
-        writes = [n for n, info in zip(node.outputs, out_infos) if n and root.get(n) == n]
+        writes = [n for n in node.outputs if n and root.get(n) == n]
         scratch = [f"{node.name or node.op_type}#{pos}/scratch{k}" for k in range(len(scratch_specs[pos]))]
         scratch_names.append(scratch)
         step_reads.append(reads)
@@ -269,6 +292,9 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
         index, node, kernel, in_infos, out_infos = live_steps[i]
         ins = tuple(-1 if (not n or k in kernel.packed) else slot(n) for k, n in enumerate(node.inputs))
         outs = tuple(slot(n) if n else -1 for n in node.outputs)
+        if out_infos is None:
+            steps.append(Step(index, node, kernel, ins, outs, eager=True))
+            continue
         alias = out_infos[0].alias_of if len(out_infos) == 1 else None
         steps.append(Step(index, node, kernel, ins, outs,
                           tuple(slot(s) for s in scratch_names[i]),
@@ -285,8 +311,9 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
             const_slots[slots[n]] = constants[n]
     outputs = tuple((n, slots[n]) for n in graph_outputs)
     lb = lower_bound(spans, sizes)
+    dynamic_slots = frozenset(slots[n] for n in dynamic_names if n in slots)
     return Plan(tuple(steps), tuple(names), const_slots, feed_slots, tuple(arena), fresh, outputs,
-                arena_bytes, lb, {"steps": len(steps)})
+                dynamic_slots, arena_bytes, lb, {"steps": len(steps)})
 
 
 def _aligned(value, eager):

@@ -8,7 +8,9 @@ Values are numbered slots. A slot is filled, per run, from one of:
 - `feeds`: the caller's inputs;
 - `arena`: a view at (offset, shape, dtype) in the run's arena;
 - `fresh`: a graph output the last kernel writes directly, allocated per run;
-- an alias step, which views another slot under a new shape.
+- an alias step, which views another slot under a new shape;
+- an eager step, whose output shapes depend on values known only per run
+  (NonZero, a Reshape fed its shape): it allocates its outputs itself.
 """
 
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ class Step:
     scratch: tuple = ()  # slot ids of this step's scratch buffers
     alias_of: int = -1  # >= 0: the single output is a view of this input slot, reshaped
     alias_shape: tuple = ()
+    eager: bool = False  # shapes known only per run: infer, prepare and allocate at each run
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class Plan:
     arena: tuple  # ArenaSlot
     fresh: dict  # slot -> (shape, dtype): graph outputs written straight by their kernel
     outputs: tuple  # (name, slot) in graph output order
+    dynamic: frozenset  # slots written by eager steps: fresh arrays each run
     arena_bytes: int
     lower_bound_bytes: int
     stats: dict = field(default_factory=dict)  # weights mapped/packed/released bytes, steps

@@ -11,6 +11,7 @@ import threading
 import numpy as np
 
 from ..errors import ExecutionError, NnrunError, node_label
+from ..ops.registry import TensorInfo
 
 
 class ArenaState:
@@ -67,7 +68,8 @@ class Executor:
             results = {}
             for name, slot in plan.outputs:
                 value = env[slot]
-                results[name] = value if slot in plan.fresh else np.array(value, copy=True)
+                owned = slot in plan.fresh or slot in plan.dynamic
+                results[name] = value if owned else np.array(value, copy=True)
             return results
         finally:
             self._give(state)
@@ -80,6 +82,8 @@ class Executor:
             try:
                 if step.alias_of >= 0:
                     env[step.outputs[0]] = env[step.alias_of].reshape(step.alias_shape)
+                elif step.eager:
+                    _run_eager(step, env)
                 else:
                     args = [env[i] if i >= 0 else None for i in step.inputs]
                     outs = tuple(env[o] if o >= 0 else None for o in step.outputs)
@@ -96,6 +100,28 @@ class Executor:
                                      f"{type(e).__name__}: {e}") from e
             if trace is not None:
                 trace(step, [env[o] if o >= 0 else None for o in step.outputs])
+
+
+def _run_eager(step, env):
+    """A step whose shapes depend on values known only now: infer, prepare, allocate, run.
+
+    A fresh kernel each time keeps concurrent runs apart; its outputs are new
+    arrays (never views of the arena, whose bytes later steps may reuse).
+    """
+    args = [env[i] if i >= 0 else None for i in step.inputs]
+    kernel = type(step.kernel)(step.node, step.kernel.opset)
+    infos = [TensorInfo.of(a) if a is not None else None for a in args]
+    out_infos = list(kernel.infer(*infos))[:len(step.outputs)]
+    scratch = tuple(np.empty(s, d) for s, d in (kernel.prepare(*infos) or []))
+    args = [None if k in kernel.packed else a for k, a in enumerate(args)]
+    outs = tuple(np.empty(info.shape, info.dtype) if o >= 0 else None
+                 for o, info in zip(step.outputs, out_infos))
+    result = kernel.run(*args, outs=outs, scratch=scratch)
+    if result is not None:
+        _store(result, outs, step)
+    for o, out in zip(step.outputs, outs):
+        if o >= 0:
+            env[o] = out
 
 
 def _store(result, outs, step):

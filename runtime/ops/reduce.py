@@ -122,8 +122,7 @@ class ReduceAxesInput(Reduce):
         if axes_input is None:
             return None
         if axes_input.value is None:
-            raise ModelError(f"{describe(self.node)}: the axes input must be a constant "
-                             f"known before the run (an initializer or a folded value)")
+            self.needs_value("axes")
         return axes_input.value.reshape(-1).tolist()
 
 

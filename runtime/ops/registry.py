@@ -12,7 +12,10 @@ A kernel object belongs to one node. Its life:
    `value` when the input is known at PREPARE) it returns one `TensorInfo` per
    output. It may fill `value` itself (Shape does), or set `alias_of=i` when the
    output is input i's buffer under a new shape (Reshape, Flatten, Squeeze...).
-   Omitted optional inputs arrive as None.
+   Omitted optional inputs arrive as None. When the shape depends on an input's
+   value and that value is unknown, infer raises `NeedsValueError`
+   (`self.needs_value(name)`): the node then runs eagerly, its shapes inferred
+   at each run from the actual inputs.
 3. `prepare(*inputs)` runs once the shapes are known. It may pack constant
    inputs into the layout the kernel wants (keeping the packed arrays on `self`)
    and then lists their indices in `self.packed`: those inputs are not passed to
@@ -32,6 +35,14 @@ import numpy as np
 from ..errors import ModelError
 
 REQUIRED = object()
+
+
+class NeedsValueError(ModelError):
+    """A shape rule needs the value of an input that is only known when the model runs.
+
+    The compiler then runs the node eagerly: its shapes are inferred per run from
+    the actual inputs, outside the arena.
+    """
 
 _registry = {}  # (domain, op_type) -> sorted list of (since, cls)
 
@@ -91,6 +102,11 @@ class Kernel:
     def fail(self, message):
         """Raise a ModelError naming this node (the compiler adds its index and phase)."""
         raise ModelError(f"{describe(self.node)}: {message}")
+
+    def needs_value(self, what):
+        """Raise NeedsValueError: input `what` decides a shape and is not known at PREPARE."""
+        raise NeedsValueError(f"{describe(self.node)}: input {what!r} decides a shape and is "
+                              f"only known at run time")
 
     def infer(self, *inputs):
         raise NotImplementedError

@@ -19,7 +19,7 @@ from onnx import helper as onnx_helper
 
 from ..errors import ModelError
 from ..ir import weight_array
-from .registry import REQUIRED, Kernel, TensorInfo, describe, register
+from .registry import REQUIRED, Kernel, NeedsValueError, TensorInfo, describe, register
 
 INT64 = np.dtype(np.int64)
 
@@ -56,12 +56,12 @@ def normalize_axes(node, axes, rank, what="axes"):
 
 
 def known_value(node, info, what):
-    """The value of an input that must be known at PREPARE (a weight or folded), or ModelError."""
+    """The value of an input that decides a shape, or NeedsValueError when it is known only per run."""
     if info is None:
         return None
     if info.value is None:
-        raise ModelError(f"{describe(node)}: input {what!r} must be a constant (an initializer or "
-                         "computable from them at PREPARE); nnrun plans every shape ahead of time")
+        raise NeedsValueError(f"{describe(node)}: input {what!r} decides a shape and is only known "
+                              f"at run time")
     return info.value
 
 
