@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from oracle import check_model, helper, make_model, rng
 
-import nnrun
 
 COORDINATE_MODES = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]
 NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
