@@ -26,7 +26,7 @@ from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
 from .plan import ArenaSlot, Plan, Step
 from .release import EagerRelease, kept_arrays, mapped_sources, release_unused
-from .rewrite import fold_batchnorm, fuse_activations
+from .rewrite import capture_outer_values, fold_batchnorm, fuse_activations
 
 FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this large...
 # ...or as large as the known inputs it was computed from; beyond that, folding
@@ -71,17 +71,23 @@ def _fail(index, node, phase, error):
                       f"{type(error).__name__}: {error}")
 
 
-def compile_graph(graph, feeds, options=CompileOptions()):
-    """Plan the graph for `feeds`: input name -> (shape tuple, numpy dtype)."""
+def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
+    """Plan the graph for `feeds`: input name -> (shape tuple, numpy dtype).
+
+    `constants` (name -> array) are values known at PREPARE besides the graph's
+    initializers: a subgraph's captured outer-scope constants.
+    """
     started = time.perf_counter()
     check_supported(graph)
     weights = dict(graph.initializers)
+    weights.update(constants or {})
     graph_outputs = [v.name for v in graph.outputs]
     output_set = set(graph_outputs)
     available = set(weights) | set(feeds)
-    order = topological([n.inputs for n in graph.nodes], [n.outputs for n in graph.nodes], available)
-    nodes = [graph.nodes[i] for i in order]
-    index_of = {id(n): i for i, n in enumerate(graph.nodes)}
+    nodes = capture_outer_values(graph.nodes)
+    index_of = {id(n): i for i, n in enumerate(nodes)}
+    order = topological([n.inputs for n in nodes], [n.outputs for n in nodes], available)
+    nodes = [nodes[i] for i in order]
 
     sources = mapped_sources(graph)
     released_before = sum(s.released_bytes for s in sources)
@@ -165,6 +171,8 @@ def compile_graph(graph, feeds, options=CompileOptions()):
     stats_eager = sum(1 for s in plan.steps if s.eager)
 
     stats = dict(plan.stats, eager_steps=stats_eager)
+    output_infos = tuple(None if infos[n] is None else (infos[n].shape, infos[n].dtype)
+                         for n in graph_outputs)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
     stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)
     stats["weights_packed_bytes"] = _packed_bytes(plan, weights, graph.initializers)
@@ -172,7 +180,7 @@ def compile_graph(graph, feeds, options=CompileOptions()):
         release_unused(sources, kept_arrays(plan.constants.values(), [s.kernel for s in plan.steps]))
     stats["weights_released_bytes"] = sum(s.released_bytes for s in sources) - released_before
     stats["prepare_ms"] = (time.perf_counter() - started) * 1e3
-    return Plan(**{**plan.__dict__, "stats": stats})
+    return Plan(**{**plan.__dict__, "stats": stats, "output_infos": output_infos})
 
 
 def _foldable(kernel, in_infos, out_infos):

@@ -50,3 +50,4 @@ class Plan:
     arena_bytes: int
     lower_bound_bytes: int
     stats: dict = field(default_factory=dict)  # weights mapped/packed/released bytes, steps
+    output_infos: tuple = ()  # per graph output: (shape, dtype), or None when known only per run

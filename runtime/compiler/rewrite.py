@@ -7,7 +7,7 @@ The loader's Graph is never mutated. Each can be switched off in SessionOptions.
 
 import numpy as np
 
-from ..ir import Node, weight_array
+from ..ir import Graph, Node, weight_array
 from ..ops.activation import FUSABLE
 
 
@@ -120,3 +120,45 @@ def fuse_activations(nodes, weights, graph_outputs, producers=("Conv", "Gemm", "
         replaced[j] = Node(prod.name, prod.op_type, "", list(prod.inputs), [act.outputs[0]], attrs)
         dropped.add(i)
     return [replaced.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
+
+
+def free_names(graph):
+    """Names a (sub)graph reads but does not define: the outer-scope values it captures."""
+    defined = {v.name for v in graph.inputs} | set(graph.initializers)
+    free = []
+    for node in graph.nodes:
+        used = list(node.inputs)
+        for value in node.attrs.values():
+            for sub in value if isinstance(value, list) else [value]:
+                if isinstance(sub, Graph):
+                    used.extend(free_names(sub))
+        for name in used:
+            if name and name not in defined and name not in free:
+                free.append(name)
+        defined.update(n for n in node.outputs if n)
+    free.extend(v.name for v in graph.outputs if v.name not in defined and v.name not in free)
+    return free
+
+
+def capture_outer_values(nodes):
+    """Nodes with subgraphs (If, Loop, Scan) read outer-scope values implicitly; make that explicit.
+
+    The captured names are appended to the node's inputs, so ordering, lifetimes
+    and the arena see them, and listed in the attribute `_captured` for the kernel.
+    """
+    out = []
+    for node in nodes:
+        subgraphs = [g for v in node.attrs.values() for g in (v if isinstance(v, list) else [v])
+                     if isinstance(g, Graph)]
+        if not subgraphs:
+            out.append(node)
+            continue
+        captured = []
+        for g in subgraphs:
+            for name in free_names(g):
+                if name not in captured:
+                    captured.append(name)
+        attrs = dict(node.attrs, _captured=captured)
+        out.append(Node(node.name, node.op_type, node.domain, list(node.inputs) + captured,
+                        list(node.outputs), attrs))
+    return out

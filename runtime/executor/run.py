@@ -114,11 +114,15 @@ def _run_eager(step, env):
     out_infos = list(kernel.infer(*infos))[:len(step.outputs)]
     scratch = tuple(np.empty(s, d) for s, d in (kernel.prepare(*infos) or []))
     args = [None if k in kernel.packed else a for k, a in enumerate(args)]
-    outs = tuple(np.empty(info.shape, info.dtype) if o >= 0 else None
+    # A shape of None: known only once the kernel has run (a Loop's scan outputs);
+    # the kernel then returns that output instead of writing it.
+    outs = tuple(np.empty(info.shape, info.dtype) if o >= 0 and info.shape is not None else None
                  for o, info in zip(step.outputs, out_infos))
     result = kernel.run(*args, outs=outs, scratch=scratch)
     if result is not None:
-        _store(result, outs, step)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        outs = tuple(np.asarray(r) if out is None else out for r, out in zip(results, outs))
+        _store(results, outs, step)
     for o, out in zip(step.outputs, outs):
         if o >= 0:
             env[o] = out

@@ -1,0 +1,292 @@
+"""Control flow: If, Loop and Scan, whose bodies are subgraphs.
+
+A body is planned like the main graph (its own arena, folding, order) by the
+compiler, once per signature of what it is fed, and run by its own executor.
+Values the body reads from the outer scope arrive as extra node inputs (the
+compiler appends them and names them in `_captured`). Small integer captured
+values are planned as constants, so shape arithmetic on them folds inside the
+body; everything else is fed.
+"""
+
+import threading
+
+import numpy as np
+
+from .registry import REQUIRED, Kernel, TensorInfo, register
+
+# Captured integer values this small are planned as constants inside a body.
+CONSTANT_CAPTURE_LIMIT = 64
+
+
+class _Body:
+    """One subgraph: its plans by signature, and the opsets it inherits."""
+
+    def __init__(self, graph, opsets):
+        self.graph = graph
+        if not graph.opsets:
+            graph.opsets = dict(opsets or {})
+        self._executors = {}
+        self._lock = threading.Lock()
+
+    @property
+    def input_names(self):
+        return [v.name for v in self.graph.inputs]
+
+    @property
+    def output_names(self):
+        return [v.name for v in self.graph.outputs]
+
+    def executor(self, feeds, captured, constant_names):
+        """The Executor for feeds (name -> TensorInfo or array) and captured values.
+
+        Captured values named in `constant_names` are planned as constants.
+        """
+        from ..compiler.build import CompileOptions, compile_graph
+        from ..executor import Executor
+
+        fed, constants, key = {}, {}, []
+        for name, v in list(feeds.items()) + list(captured.items()):
+            info = v if isinstance(v, TensorInfo) else TensorInfo.of(v)
+            value = info.value
+            if name in constant_names and value is not None:
+                constants[name] = np.asarray(value)
+                key.append((name, "=", constants[name].tobytes(), info.dtype.str,
+                            tuple(info.shape)))
+            else:
+                fed[name] = (tuple(info.shape), info.dtype)
+                key.append((name, tuple(info.shape), info.dtype.str))
+        key = tuple(key)
+        with self._lock:
+            found = self._executors.get(key)
+        if found is None:
+            # The body's weights belong to the model's mapping: leave their pages to
+            # the main plan's release.
+            plan = compile_graph(self.graph, fed, CompileOptions(release_weights=False), constants)
+            found = Executor(plan)
+            with self._lock:
+                self._executors[key] = found
+        return found
+
+    def output_infos(self, feeds, captured, constant_names):
+        """(shape, dtype) of each body output for these feeds, or None where only a run can tell."""
+        return self.executor(feeds, captured, constant_names).plan.output_infos
+
+    def run(self, feeds, captured, constant_names):
+        executor = self.executor(feeds, captured, constant_names)
+        results = executor.run({**feeds, **{n: v for n, v in captured.items()
+                                            if n in executor.plan.feeds}})
+        return [results[n] for n in self.output_names]
+
+
+def _small_int(value):
+    value = np.asarray(value)
+    return value.dtype.kind in "iub" and value.size <= CONSTANT_CAPTURE_LIMIT
+
+
+class _ControlFlow(Kernel):
+    foldable = False
+
+    def decode(self):
+        self.captured = list(self.node.attrs.get("_captured", []))
+        self.bodies = {}
+        self.constant_names = set()
+        self.runs_to_the_end = False
+
+    def split(self, args):
+        """(regular inputs, {captured name: value}) from the node's inputs."""
+        n = len(args) - len(self.captured)
+        return list(args[:n]), dict(zip(self.captured, args[n:]))
+
+    def split_infos(self, infos):
+        """Like split, for infer; also fixes which captured values the bodies take as constants:
+        the small integer ones known now (shape arithmetic inside the body then folds)."""
+        regular, captured = self.split(infos)
+        self.constant_names = {n for n, i in captured.items()
+                               if i is not None and i.value is not None and _small_int(i.value)}
+        return regular, captured
+
+    def subgraph(self, attr):
+        if attr not in self.bodies:
+            self.bodies[attr] = _Body(getattr(self, attr), {"": self.opset})
+        return self.bodies[attr]
+
+
+def _constant_output(plan, index):
+    """The value of a body output the plan folded to a constant: True/False for a flag, else None."""
+    _, slot = plan.outputs[index]
+    value = plan.constants.get(slot)
+    if value is None or np.asarray(value).size != 1:
+        return None
+    return bool(np.asarray(value).reshape(-1)[0])
+
+
+def _same(infos_a, infos_b):
+    return all(a is not None and b is not None and tuple(a[0]) == tuple(b[0]) and a[1] == b[1]
+               for a, b in zip(infos_a, infos_b))
+
+
+@register("If", since=1)
+class If(_ControlFlow):
+    attributes = {"then_branch": REQUIRED, "else_branch": REQUIRED}
+
+    def infer(self, cond, *rest):
+        _, captured = self.split_infos((cond, *rest))
+        if cond.value is not None:
+            branches = ["then_branch" if bool(np.asarray(cond.value).reshape(-1)[0]) else "else_branch"]
+        else:
+            branches = ["then_branch", "else_branch"]
+        results = [self.subgraph(b).output_infos({}, captured, self.constant_names) for b in branches]
+        if not all(_same(results[0], r) for r in results):
+            self.needs_value("cond")  # the branches' outputs differ: which one runs decides
+        return [TensorInfo(tuple(shape), np.dtype(dtype)) for shape, dtype in results[0]]
+
+    def run(self, cond, *rest, outs, scratch):
+        _, captured = self.split((cond, *rest))
+        branch = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
+        return tuple(self.subgraph(branch).run({}, captured, self.constant_names))
+
+
+@register("Loop", since=1)
+class Loop(_ControlFlow):
+    """Loop(M, cond, v_initial...) -> (v_final..., scan_outputs...)."""
+
+    attributes = {"body": REQUIRED}
+
+    def _feeds(self, iteration, carried, infos=False):
+        # The body's cond input is always True when the body runs: it is planned as a
+        # constant (see _captured), so a body that passes it through cannot stop early.
+        names = self.subgraph("body").input_names
+        values = [np.array(iteration, np.int64)] + list(carried)
+        if infos:
+            values = [TensorInfo.of(v) if isinstance(v, np.ndarray) else v for v in values]
+        return dict(zip(names[:1] + names[2:], values))
+
+    def _captured(self, captured):
+        cond_name = self.subgraph("body").input_names[1]
+        return {**captured, cond_name: np.array(True)}, self.constant_names | {cond_name}
+
+    def infer(self, m, cond, *rest):
+        regular, captured = self.split_infos((m, cond, *rest))
+        carried = regular[2:]
+        body = self.subgraph("body")
+        n_scan = len(body.output_names) - 1 - len(carried)
+        plain = [TensorInfo(c.shape, c.dtype) for c in carried]
+        captured, constant_names = self._captured(captured)
+        executor = body.executor(self._feeds(0, plain, infos=True), captured, constant_names)
+        outs = executor.plan.output_infos
+        self.runs_to_the_end = _constant_output(executor.plan, 0) is True
+        carried_out = outs[1:1 + len(carried)]
+        stable = _same(carried_out, [(c.shape, c.dtype) for c in carried])
+        scan_infos = outs[1 + len(carried):]
+        known = all(i is None or i.value is not None for i in regular[:2])
+        trips = self._trip_count(m, cond) if known else None
+        if stable and (not n_scan or trips is not None):
+            return plain + [TensorInfo((trips, *shape), np.dtype(dtype))
+                            for shape, dtype in scan_infos]
+        if all(i is None or i.value is not None for i in regular):
+            # Run eagerly with every value at hand: shapes the iterations decide are left
+            # open (None) and the run returns those outputs.
+            carried_infos = plain if stable else [TensorInfo(None, c.dtype) for c in carried]
+            return carried_infos + [TensorInfo(None, np.dtype(d) if d is not None else None)
+                                    for d in (o[1] if o else None for o in scan_infos)]
+        self.needs_value("M" if m is not None and m.value is None else "cond")
+
+    def _trip_count(self, m, cond):
+        """Iterations known before running: M given and the body cannot stop early."""
+        if m is None or not self.runs_to_the_end:
+            return None
+        if cond is not None and not bool(np.asarray(cond.value).reshape(-1)[0]):
+            return 0
+        return int(np.asarray(m.value).reshape(-1)[0])
+
+    def run(self, m, cond, *rest, outs, scratch):
+        regular, captured = self.split((m, cond, *rest))
+        captured, constant_names = self._captured(captured)
+        carried = list(regular[2:])
+        body = self.subgraph("body")
+        n_scan = len(body.output_names) - 1 - len(carried)
+        limit = None if m is None else int(np.asarray(m).reshape(-1)[0])
+        keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+        scans = [[] for _ in range(n_scan)]
+        i = 0
+        while keep_going and (limit is None or i < limit):
+            results = body.run(self._feeds(i, carried), captured, constant_names)
+            keep_going = bool(np.asarray(results[0]).reshape(-1)[0])
+            carried = results[1:1 + len(carried)]
+            for acc, value in zip(scans, results[1 + len(carried):]):
+                acc.append(value)
+            i += 1
+        stacked = []
+        for k, acc in enumerate(scans):
+            if acc:
+                stacked.append(np.stack(acc))
+            else:
+                out = outs[len(carried) + k]
+                stacked.append(np.empty((0,) if out is None else out.shape, np.float32
+                                        if out is None else out.dtype))
+        return tuple(carried) + tuple(stacked)
+
+
+@register("Scan", since=9)
+class Scan(_ControlFlow):
+    """Scan(initial_state..., scan_input...) -> (final_state..., scan_output...)."""
+
+    attributes = {"body": REQUIRED, "num_scan_inputs": REQUIRED, "scan_input_axes": None,
+                  "scan_input_directions": None, "scan_output_axes": None,
+                  "scan_output_directions": None}
+
+    def _layout(self, regular):
+        n_in = self.num_scan_inputs
+        states, scan_inputs = regular[:len(regular) - n_in], regular[len(regular) - n_in:]
+        axes = [a % len(x.shape) for a, x in
+                zip(self.scan_input_axes or [0] * n_in, scan_inputs)]
+        directions = self.scan_input_directions or [0] * n_in
+        return states, scan_inputs, axes, directions
+
+    def infer(self, *args):
+        regular, captured = self.split_infos(args)
+        states, scan_inputs, axes, _ = self._layout(regular)
+        steps = {x.shape[a] for x, a in zip(scan_inputs, axes)}
+        if len(steps) != 1:
+            self.fail(f"scan inputs have different lengths {sorted(steps)} along their axes")
+        (t,) = steps
+        body = self.subgraph("body")
+        slices = [TensorInfo(tuple(d for k, d in enumerate(x.shape) if k != a), x.dtype)
+                  for x, a in zip(scan_inputs, axes)]
+        plain = [TensorInfo(s.shape, s.dtype) for s in states]
+        feeds = dict(zip(body.input_names, plain + slices))
+        outs = body.output_infos(feeds, captured, self.constant_names)
+        if any(o is None for o in outs):
+            self.needs_value(body.input_names[0])
+        result = [TensorInfo(tuple(shape), np.dtype(dtype)) for shape, dtype in outs[:len(states)]]
+        out_axes = self.scan_output_axes or [0] * (len(outs) - len(states))
+        for (shape, dtype), axis in zip(outs[len(states):], out_axes):
+            axis = axis % (len(shape) + 1)
+            result.append(TensorInfo((*shape[:axis], t, *shape[axis:]), np.dtype(dtype)))
+        return result
+
+    def run(self, *args, outs, scratch):
+        regular, captured = self.split(args)
+        states, scan_inputs, axes, directions = self._layout(regular)
+        body = self.subgraph("body")
+        t = scan_inputs[0].shape[axes[0]] if scan_inputs else 0
+        n_states = len(states)
+        collected = [[] for _ in range(len(body.output_names) - n_states)]
+        for i in range(t):
+            slices = [np.take(x, t - 1 - i if d else i, axis=a)
+                      for x, a, d in zip(scan_inputs, axes, directions)]
+            results = body.run(dict(zip(body.input_names, list(states) + slices)), captured,
+                               self.constant_names)
+            states = results[:n_states]
+            for acc, value in zip(collected, results[n_states:]):
+                acc.append(value)
+        out_axes = self.scan_output_axes or [0] * len(collected)
+        out_dirs = self.scan_output_directions or [0] * len(collected)
+        for k, (acc, axis, d) in enumerate(zip(collected, out_axes, out_dirs)):
+            target = outs[n_states + k]
+            if d:
+                acc = acc[::-1]
+            if acc:
+                np.copyto(target, np.stack(acc, axis=axis % target.ndim))
+        for target, value in zip(outs[:n_states], states):
+            np.copyto(target, value)
