@@ -1,13 +1,11 @@
 """MODEL_LOAD: a model file (or its bytes) -> `ir.Graph`, reading no weight byte.
 
-`load_model` maps the file and dispatches on its format: ONNX (`loader.onnx`);
-TFLite (`.tflite`, or the flatbuffer identifier "TFL3") is recognised but not
-read yet.
+`load_model` maps the file and dispatches on its format: TFLite (`.tflite`, or
+the flatbuffer identifier "TFL3"; `loader.tflite`), else ONNX (`loader.onnx`).
 """
 
 import os
 
-from ..errors import ModelError
 from .mapped import MappedFile
 
 TFLITE_IDENTIFIER = b"TFL3"  # flatbuffer file identifier, bytes 4..8
@@ -30,10 +28,11 @@ def load_model(model, base_dir=None):
             raise TypeError(f"a model is a path or bytes, not {type(model).__name__}") from None
         if isinstance(path, bytes):
             path = os.fsdecode(path)
-        if path.lower().endswith(".tflite"):
-            raise ModelError("TFLite is not supported yet")
         source = MappedFile.open(path)
-    if bytes(source.buffer[4:8]) == TFLITE_IDENTIFIER:
-        raise ModelError("TFLite is not supported yet")
+    # The identifier is read with pread: a touch of the mapping would page in weights.
+    if (path is not None and path.lower().endswith(".tflite")) \
+            or (source.size >= 8 and bytes(source.read(4, 8)) == TFLITE_IDENTIFIER):
+        from .tflite import load_tflite
+        return load_tflite(source, path=path)
     from .onnx import load_onnx  # here, not at import: ir imports loader.mapped
     return load_onnx(source, path=path, base_dir=base_dir)
