@@ -14,6 +14,7 @@ then, and an out-of-range index raises `ExecutionError` naming the node.
 import numpy as np
 
 from ..errors import ExecutionError, ModelError
+from . import exotic_types
 from .registry import REQUIRED, Kernel, TensorInfo, describe, register
 from .shape import int_list, known_value, normalize_axes, normalize_axis, onnx_dtype, sane_shape
 
@@ -326,27 +327,38 @@ def check_cast(node, source, target):
 
 @register("Cast", since=6)
 class Cast(Kernel):
-    attributes = {"to": REQUIRED}  # opset 19's saturate only concerns float8, which nnrun lacks
+    attributes = {"to": REQUIRED, "saturate": 1, "round_mode": "up"}  # saturate: 19, round_mode: 24
 
     def decode(self):
-        self.dtype = onnx_dtype(self.node, self.to)
+        self.dtype = exotic_types.numpy_dtype(self.to) or onnx_dtype(self.node, self.to)
+        # float8 with saturation and e8m0 need the spec's rounding; the rest is a numpy cast.
+        self.convert = exotic_types.needs_conversion(self.dtype, self.saturate)
 
     def infer(self, x):
         check_cast(self.node, x.dtype, self.dtype)
         return [TensorInfo(x.shape, self.dtype)]
 
     def run(self, x, outs, scratch):
-        cast_into(outs[0], x)
+        if self.convert:
+            exotic_types.convert_into(outs[0], x, bool(self.saturate), self.round_mode)
+        else:
+            cast_into(outs[0], x)
 
 
 @register("CastLike", since=15)
-class CastLike(Kernel):
+class CastLike(Cast):
+    attributes = {"saturate": 1}
+
+    def decode(self):
+        self.round_mode = "up"
+
     def infer(self, x, like):
         check_cast(self.node, x.dtype, like.dtype)
+        self.convert = exotic_types.needs_conversion(like.dtype, self.saturate)
         return [TensorInfo(x.shape, like.dtype)]
 
     def run(self, x, like, outs, scratch):
-        cast_into(outs[0], x)
+        super().run(x, outs, scratch)
 
 
 def border_sources(mode, positions, n):
