@@ -11,6 +11,29 @@ from .mapped import MappedFile
 TFLITE_IDENTIFIER = b"TFL3"  # flatbuffer file identifier, bytes 4..8
 
 
+def model_format(model):
+    """"tflite" or "onnx", from a path's suffix or the first bytes of the file (or bytes)."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return "tflite" if bytes(model[4:8]) == TFLITE_IDENTIFIER else "onnx"
+    path = os.fsdecode(os.fspath(model))
+    if path.lower().endswith(".tflite"):
+        return "tflite"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return "onnx"  # load_model reports the error
+    return "tflite" if head[4:8] == TFLITE_IDENTIFIER else "onnx"
+
+
+def import_reader(fmt):
+    """Import the reader of a format ahead of MODEL_LOAD, so its import is not counted there."""
+    if fmt == "tflite":
+        from . import tflite  # noqa: F401
+    else:
+        from . import onnx  # noqa: F401
+
+
 def load_model(model, base_dir=None):
     """The `ir.Graph` of `model`: a path, or the bytes of a model file.
 
