@@ -14,6 +14,7 @@ for _name in _names:
         delattr(_case_class, _name)
 
 OnnxBackendNodeModelTest = _case_class
+del _case_class  # a TestCase under a second name would be collected twice
 
 
 def test_the_passing_cases_never_fall_below_the_floor():
