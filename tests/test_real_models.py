@@ -59,6 +59,9 @@ def test_real_model_matches_onnxruntime(name):
     assert len(actual) == len(expected)
     for i, (a, e) in enumerate(zip(actual, expected)):
         assert_close(a, e, rtol=1e-3, what=f"{name} output {i}")
+    plan = sess.plan()
+    # 5% over the order's lower bound, plus a page of slack for 64-byte alignment on tiny arenas.
+    assert plan.arena_bytes <= 1.05 * plan.lower_bound_bytes + 4096
     # A second run on other data: per-run state does not leak between runs.
     feeds = feeds_for(name, path, seed=1)
     for a, e in zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds)):

@@ -1,9 +1,11 @@
 """Arena offsets from lifetimes: buffers whose lifetimes do not overlap share bytes.
 
 The problem is NP-complete (SmartPool, see shared/seeds); like TFLite's
-ArenaPlanner we place the largest buffers first, each at the best-fitting gap
-among the buffers it overlaps in time. A second ordering (by lifetime start) is
-tried as well and the smaller arena kept: both are cheap.
+ArenaPlanner we place buffers one at a time, each at the best-fitting gap
+among the buffers it overlaps in time. The order of placement matters, so
+several are tried and the smallest arena kept: largest first, earliest first,
+longest-lived first, largest in bytes x steps first, latest-ending first, and "greedy by breadth" (TFLite's second strategy: the
+buffers of the step with the most live bytes first). All are cheap.
 """
 
 ALIGNMENT = 64
@@ -35,12 +37,34 @@ def _place(order, spans, sizes):
     return offsets, top
 
 
+def _by_breadth(spans, sizes):
+    """Buffers of the busiest step first (largest first within a step), then the next busiest."""
+    live = {}
+    for buf, (first, last) in spans.items():
+        for step in range(first, last + 1):
+            live.setdefault(step, []).append(buf)
+    load = {step: sum(sizes[b] for b in bufs) for step, bufs in live.items()}
+    order, seen = [], set()
+    for step in sorted(live, key=lambda s: -load[s]):
+        for buf in sorted(live[step], key=lambda b: -sizes[b]):
+            if buf not in seen:
+                seen.add(buf)
+                order.append(buf)
+    return order
+
+
 def assign_offsets(spans, sizes):
     """Offsets (64-byte aligned) for every buffer, and the arena size they need."""
-    by_size = sorted(spans, key=lambda b: (-sizes[b], spans[b][0]))
-    by_start = sorted(spans, key=lambda b: (spans[b][0], -sizes[b]))
+    orders = [
+        sorted(spans, key=lambda b: (-sizes[b], spans[b][0])),
+        sorted(spans, key=lambda b: (spans[b][0], -sizes[b])),
+        sorted(spans, key=lambda b: (spans[b][0] - spans[b][1], -sizes[b])),
+        sorted(spans, key=lambda b: (-sizes[b] * (spans[b][1] - spans[b][0] + 1), spans[b][0])),
+        sorted(spans, key=lambda b: (-spans[b][1], -sizes[b])),
+        _by_breadth(spans, sizes),
+    ]
     best = None
-    for order in (by_size, by_start):
+    for order in orders:
         offsets, top = _place(order, spans, sizes)
         if best is None or top < best[1]:
             best = (offsets, top)
