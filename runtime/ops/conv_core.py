@@ -78,6 +78,18 @@ def _spatial_tuple(values, rank, default, what):
     return values
 
 
+def _geometry(kernel, strides, dilations, rank):
+    """kernel_shape, strides and dilations as checked tuples of `rank` values."""
+    kernel = _spatial_tuple(kernel, rank, 1, "kernel_shape")
+    strides = _spatial_tuple(strides, rank, 1, "strides")
+    dilations = _spatial_tuple(dilations, rank, 1, "dilations")
+    if min(kernel, default=1) < 1 or min(strides, default=1) < 1 or min(dilations, default=1) < 1:
+        raise ValueError(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive")
+    if math.prod(kernel) > MAX_TAPS:
+        raise ValueError(f"kernel {list(kernel)} has more than {MAX_TAPS} taps")
+    return kernel, strides, dilations
+
+
 def _explicit_pads(pads, rank):
     """(begin, end) from ONNX `pads` [b1, b2, ..., e1, e2, ...]; no pads: zeros."""
     if pads is None:
@@ -101,13 +113,7 @@ def make_window(in_spatial, kernel, strides=None, dilations=None, pads=None, aut
     """
     in_spatial = tuple(int(v) for v in in_spatial)
     rank = len(in_spatial)
-    kernel = _spatial_tuple(kernel, rank, 1, "kernel_shape")
-    strides = _spatial_tuple(strides, rank, 1, "strides")
-    dilations = _spatial_tuple(dilations, rank, 1, "dilations")
-    if min(kernel, default=1) < 1 or min(strides, default=1) < 1 or min(dilations, default=1) < 1:
-        raise ValueError(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive")
-    if math.prod(kernel) > MAX_TAPS:
-        raise ValueError(f"kernel {list(kernel)} has more than {MAX_TAPS} taps")
+    kernel, strides, dilations = _geometry(kernel, strides, dilations, rank)
     extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     if auto_pad not in AUTO_PADS:
         raise ValueError(f"auto_pad {auto_pad!r} is not one of {', '.join(AUTO_PADS)}")
@@ -143,14 +149,8 @@ def make_transpose_window(in_spatial, kernel, strides=None, dilations=None, pads
     """
     in_spatial = tuple(int(v) for v in in_spatial)
     rank = len(in_spatial)
-    kernel = _spatial_tuple(kernel, rank, 1, "kernel_shape")
-    strides = _spatial_tuple(strides, rank, 1, "strides")
-    dilations = _spatial_tuple(dilations, rank, 1, "dilations")
+    kernel, strides, dilations = _geometry(kernel, strides, dilations, rank)
     output_padding = _spatial_tuple(output_padding, rank, 0, "output_padding")
-    if min(kernel, default=1) < 1 or min(strides, default=1) < 1 or min(dilations, default=1) < 1:
-        raise ValueError(f"kernel {kernel}, strides {strides} and dilations {dilations} must be positive")
-    if math.prod(kernel) > MAX_TAPS:
-        raise ValueError(f"kernel {list(kernel)} has more than {MAX_TAPS} taps")
     if min(output_padding, default=0) < 0:
         raise ValueError(f"output_padding {list(output_padding)} must not be negative")
     if auto_pad not in AUTO_PADS:

@@ -162,19 +162,8 @@ class Shrink(Kernel):
 class CumProd(CumSum):
     """CumSum's axis handling with products; the exclusive product starts at 1."""
 
-    def run(self, x, axis, outs, scratch):
-        out = outs[0]
-        n = self.normalize(axis) if self.axis_n is None else self.axis_n
-        if self.reverse:
-            flip = (slice(None),) * n + (slice(None, None, -1),)
-            x, out = x[flip], out[flip]
-        if not self.exclusive:
-            np.cumprod(x, axis=n, dtype=out.dtype, out=out)
-            return None
-        head = (slice(None),) * n
-        out[head + (slice(0, 1),)] = 1
-        np.cumprod(x[head + (slice(0, -1),)], axis=n, dtype=out.dtype, out=out[head + (slice(1, None),)])
-        return None
+    accumulate = staticmethod(np.cumprod)
+    identity = 1
 
 
 # Lp pooling

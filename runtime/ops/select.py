@@ -188,6 +188,9 @@ class CumSum(Kernel):
     def normalize(self, axis):
         return normalize_axis(self.node, int(np.asarray(axis).reshape(-1)[0]), self.rank)
 
+    accumulate = staticmethod(np.cumsum)
+    identity = 0  # the first element of an exclusive scan
+
     def run(self, x, axis, outs, scratch):
         out = outs[0]
         n = self.normalize(axis) if self.axis_n is None else self.axis_n
@@ -195,11 +198,12 @@ class CumSum(Kernel):
             flip = (slice(None),) * n + (slice(None, None, -1),)
             x, out = x[flip], out[flip]
         if not self.exclusive:
-            np.cumsum(x, axis=n, dtype=out.dtype, out=out)
+            self.accumulate(x, axis=n, dtype=out.dtype, out=out)
             return None
         head = (slice(None),) * n
-        out[head + (slice(0, 1),)] = 0
-        np.cumsum(x[head + (slice(0, -1),)], axis=n, dtype=out.dtype, out=out[head + (slice(1, None),)])
+        out[head + (slice(0, 1),)] = self.identity
+        self.accumulate(x[head + (slice(0, -1),)], axis=n, dtype=out.dtype,
+                        out=out[head + (slice(1, None),)])
         return None
 
 
