@@ -141,3 +141,15 @@ def test_runs_from_threads_agree_with_onnxruntime():
         results = list(pool.map(lambda x: sess.run(None, {name: x})[0], feeds))
     for x, y in zip(feeds, results):
         assert_close(y, oracle.run(None, {name: x})[0], rtol=1e-3)
+
+
+def test_residual_add_and_relu_run_as_one_step():
+    rng = np.random.default_rng(4)
+    a, b = (rng.standard_normal((2, 8, 5, 5)).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, [("a", a), ("b", b)], [("y", None)])
+    check_model(model, {"a": a, "b": b})
+    assert nnrun.InferenceSession(model.SerializeToString()).report()["plan"]["steps"] == 1
+    options = nnrun.SessionOptions()
+    options.fuse_activations = False
+    assert nnrun.InferenceSession(model.SerializeToString(), sess_options=options).report()["plan"]["steps"] == 2

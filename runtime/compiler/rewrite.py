@@ -95,7 +95,7 @@ def _activation_params(node, weights):
     return (node.op_type, {k: node.attrs[k] for k in keep if k in node.attrs})
 
 
-def fuse_activations(nodes, weights, graph_outputs, producers=("Conv", "Gemm", "MatMul")):
+def fuse_activations(nodes, weights, graph_outputs, producers=("Conv", "Gemm", "MatMul", "Add")):
     """Producer -> activation becomes the producer applying the activation in place."""
     users = _consumers(nodes)
     replaced = {}

@@ -49,6 +49,11 @@ class Binary(Kernel):
 
     ufunc = None
     result_dtype = None  # None: the inputs' dtype
+    activation = None
+
+    def decode(self):
+        # The compiler fuses an activation into Add (a residual sum and its Relu).
+        self.activation = self.node.attrs.get("_activation")
 
     def infer(self, a, b):
         check_same_dtype(self.node, a, b)
@@ -57,6 +62,8 @@ class Binary(Kernel):
 
     def run(self, a, b, *, outs, scratch):
         self.ufunc(a, b, out=outs[0])
+        if self.activation is not None:
+            activation.apply_activation(outs[0], self.activation)
 
 
 _BINARY = {  # op type: (since, ufunc, result dtype)
