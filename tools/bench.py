@@ -56,6 +56,7 @@ class Model:
     format: str
     size_bytes: int = 0
     int_ranges: dict = field(default_factory=dict)
+    input_shapes: dict = field(default_factory=dict)
     inputs_file: Path = None
     input_error: str = None
 
@@ -109,7 +110,9 @@ def resolve_model(spec):
     if fetcher and name in getattr(fetcher, "MODELS", ()):
         found = Path(fetcher.ensure(name))
         ranges = getattr(fetcher, "INT_RANGES", {}).get(name, {})
-        return Model(name, found, "tflite" if found.suffix == ".tflite" else "onnx", int_ranges=dict(ranges))
+        shapes = getattr(fetcher, "INPUT_SHAPES", {}).get(name, {})
+        return Model(name, found, "tflite" if found.suffix == ".tflite" else "onnx", int_ranges=dict(ranges),
+                     input_shapes=dict(shapes))
     known = ", ".join(build_models.MODELS)
     raise SystemExit(f"nnrun-bench: {spec!r} is neither a model file nor a model name (known: {known}"
                      f"{', and the fetcher' if fetcher else ''})")
@@ -148,12 +151,18 @@ def _tflite_inputs(path):
     return inputs, path.stat().st_size
 
 
-def random_inputs(inputs, dims, int_ranges, seed):
-    """One array per input: N(0,1) floats, integers in their range, random bools."""
+def random_inputs(inputs, dims, int_ranges, seed, input_shapes=None):
+    """One array per input: N(0,1) floats, integers in their range, random bools.
+
+    Open dimensions come from `dims` (by symbolic name), else 1; `input_shapes` gives whole
+    shapes by input name (a model's usual image size or audio chunk).
+    """
     rng = np.random.default_rng(seed)
     arrays = []
     for name, shape_spec, dtype in inputs:
-        shape = [dims.get(d, 1) if isinstance(d, str) else d if d else 1 for d in shape_spec]
+        shape = [dims.get(d, 1) if isinstance(d, str) else d if isinstance(d, int) and d > 0 else 1
+                 for d in shape_spec]
+        shape = list((input_shapes or {}).get(name, shape))
         dtype = np.dtype(dtype)
         if dtype.kind == "f":
             arrays.append(rng.standard_normal(shape).astype(dtype))
@@ -172,7 +181,7 @@ def prepare_inputs(model, workdir, dims, int_ranges, seed):
     """Write the model's inputs to an .npz every worker reads; record the model's size."""
     try:
         inputs, model.size_bytes = (_tflite_inputs if model.format == "tflite" else _onnx_inputs)(model.path)
-        arrays = random_inputs(inputs, dims, {**model.int_ranges, **int_ranges}, seed)
+        arrays = random_inputs(inputs, dims, {**model.int_ranges, **int_ranges}, seed, model.input_shapes)
         model.inputs_file = workdir / f"{_safe(model.name)}.inputs.npz"
         save_arrays(model.inputs_file, [i[0] for i in inputs], arrays)
     except Exception as e:  # noqa: BLE001 - a model that cannot be read fails its rows, not the run

