@@ -37,6 +37,9 @@ class Executor:
         self.stop_after = stop_after  # run only steps [0, stop_after]
         self._free = []
         self._lock = threading.Lock()
+        # Kernels of eager steps, kept between runs (their caches, such as a body's plans,
+        # survive) and handed to one run at a time.
+        self._eager_kernels = {}
 
     def _take(self):
         with self._lock:
@@ -47,6 +50,13 @@ class Executor:
     def _give(self, state):
         with self._lock:
             self._free.append(state)
+
+    def _take_kernel(self, position, step):
+        with self._lock:
+            free = self._eager_kernels.setdefault(position, [])
+            if free:
+                return free.pop()
+        return type(step.kernel)(step.node, step.kernel.opset)
 
     def release_arenas(self):
         with self._lock:
@@ -83,7 +93,12 @@ class Executor:
                 if step.alias_of >= 0:
                     env[step.outputs[0]] = env[step.alias_of].reshape(step.alias_shape)
                 elif step.eager:
-                    _run_eager(step, env)
+                    kernel = self._take_kernel(position, step)
+                    try:
+                        _run_eager(step, kernel, env)
+                    finally:
+                        with self._lock:
+                            self._eager_kernels[position].append(kernel)
                 else:
                     args = [env[i] if i >= 0 else None for i in step.inputs]
                     outs = tuple(env[o] if o >= 0 else None for o in step.outputs)
@@ -102,14 +117,13 @@ class Executor:
                 trace(step, [env[o] if o >= 0 else None for o in step.outputs])
 
 
-def _run_eager(step, env):
+def _run_eager(step, kernel, env):
     """A step whose shapes depend on values known only now: infer, prepare, allocate, run.
 
-    A fresh kernel each time keeps concurrent runs apart; its outputs are new
-    arrays (never views of the arena, whose bytes later steps may reuse).
+    The kernel is this run's alone; the outputs are new arrays (never views of
+    the arena, whose bytes later steps may reuse).
     """
     args = [env[i] if i >= 0 else None for i in step.inputs]
-    kernel = type(step.kernel)(step.node, step.kernel.opset)
     infos = [TensorInfo.of(a) if a is not None else None for a in args]
     out_infos = list(kernel.infer(*infos))[:len(step.outputs)]
     scratch = tuple(np.empty(s, d) for s, d in (kernel.prepare(*infos) or []))
