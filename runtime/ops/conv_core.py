@@ -806,6 +806,7 @@ class PoolPlan:
     divisor: object      # average: a scalar or an array over the output's spatial dims
     scratch_elems: int
     dtype: np.dtype
+    whole: bool = False  # one window over the whole plane: a plain reduction
 
     def scratch(self):
         return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
@@ -828,10 +829,11 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
             divisor = divisor.astype(dtype)
             if layout == CHANNELS_LAST:
                 divisor = divisor[..., None]
-    if (layout == CHANNELS_FIRST and window.kernel == window.in_spatial and not any(window.pads_begin)
+    if (window.kernel == window.in_spatial and not any(window.pads_begin)
             and not any(window.pads_end) and all(o == 1 for o in window.out_spatial)):
-        # One window over the whole plane (a global pool written as a windowed one).
-        return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype)
+        # One window over the whole plane (a global pool written as a windowed one): a
+        # reduction, not a walk over every tap.
+        return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, whole=True)
     if layout == CHANNELS_FIRST:
         grid = phase_grid(window)
         per_plane = len(grid.fills) * grid.plane_size + grid.q_size
@@ -879,10 +881,13 @@ def pool(x, out, plan, scratch=None):
         empty = -np.inf if out.dtype.kind == "f" else np.iinfo(out.dtype).min
     else:
         empty = 0
-    if plan.layout == CHANNELS_FIRST and plan.grid is None:
-        planes = x.reshape(x.shape[0] * x.shape[1], -1)
+    if plan.whole:
         whole = np.max if plan.kind == "max" else np.mean
-        whole(planes, axis=1, out=out.reshape(planes.shape[0]))
+        if plan.layout == CHANNELS_FIRST:
+            planes = x.reshape(x.shape[0] * x.shape[1], -1)
+            whole(planes, axis=1, out=out.reshape(planes.shape[0]))
+        else:
+            whole(x.reshape(x.shape[0], -1, x.shape[-1]), axis=1, out=out.reshape(x.shape[0], x.shape[-1]))
         return out
     if plan.layout == CHANNELS_FIRST:
         if scratch is None:
