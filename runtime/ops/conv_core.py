@@ -572,21 +572,33 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
                         per_channel * block, dtype)
     # Channels last: a tap's window is (rows, width*channels), long contiguous runs already.
     rest = math.prod(window.out_spatial[1:])
-    ranges, per_tile = _row_tiles(window.out_spatial[0], c_out * rest * dtype.itemsize, CACHE_TILE)
-    lead = (slice(None),)  # the multiplier axis next to the channels
+    tiles, per_tile = _channels_last_tiles(window, c_out * rest * dtype.itemsize, with_taps=True)
+    return ConvPlan(window, layout, c, c_out, c, "depthwise", tiles, c_out * rest * per_tile, dtype)
+
+
+def _channels_last_tiles(window, row_bytes, with_taps):
+    """Row tiles of a channels-last window walk, each with its taps' (dst, src[, tap]) slices.
+
+    The first tap that covers its whole tile is kept apart: it is written, not added.
+    With taps (depthwise), the indices leave room for the multiplier axis after the channels.
+    """
+    lead = (slice(None),) if with_taps else ()
+    ranges, per_tile = _row_tiles(window.out_spatial[0], row_bytes, CACHE_TILE)
     tiles = []
     for r0, r1 in ranges:
         first, others = None, []
         for t in tile_taps(window, r0, r1):
             if t.dst is None:
                 continue
-            entry = (_channel_index(layout, t.dst, lead), _channel_index(layout, t.src, lead), t.tap)
+            entry = (_channel_index(CHANNELS_LAST, t.dst, lead), _channel_index(CHANNELS_LAST, t.src, lead))
+            if with_taps:
+                entry += (t.tap,)
             if first is None and not t.gaps:
                 first = entry
             else:
                 others.append(entry)
         tiles.append(DepthwiseTile((r0, r1), first, tuple(others)))
-    return ConvPlan(window, layout, c, c_out, c, "depthwise", tuple(tiles), c_out * rest * per_tile, dtype)
+    return tuple(tiles), per_tile
 
 
 def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
@@ -840,20 +852,8 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         block = _block_size(batch * channels, per_plane, dtype, scratch_limit)
         return PoolPlan(window, layout, kind, (), grid, block, divisor, per_plane * block, dtype)
     rest = math.prod(window.out_spatial[1:])
-    ranges, _ = _row_tiles(window.out_spatial[0], channels * rest * dtype.itemsize, CACHE_TILE)
-    tiles = []
-    for r0, r1 in ranges:
-        first, others = None, []
-        for t in tile_taps(window, r0, r1):
-            if t.dst is None:
-                continue
-            entry = (_channel_index(layout, t.dst), _channel_index(layout, t.src))
-            if first is None and not t.gaps:
-                first = entry
-            else:
-                others.append(entry)
-        tiles.append(DepthwiseTile((r0, r1), first, tuple(others)))
-    return PoolPlan(window, layout, kind, tuple(tiles), None, 0, divisor, 0, dtype)
+    tiles, _ = _channels_last_tiles(window, channels * rest * dtype.itemsize, with_taps=False)
+    return PoolPlan(window, layout, kind, tiles, None, 0, divisor, 0, dtype)
 
 
 def _pool_counts(window, count_include_pad):
