@@ -33,13 +33,15 @@ def test_attention_different_value_head_size():
     check_node("Attention", qkv(d=8, dv=6, rank=3), {"q_num_heads": 4, "kv_num_heads": 2}, opset=23)
 
 
-@pytest.mark.parametrize("mask_shape", [(6,), (5, 6), (4, 5, 6), (2, 1, 5, 6), (2, 4, 5, 6), (1, 4, 5, 6)])
+@pytest.mark.parametrize("mask_shape,causal", [
+    (shape, causal)
+    for shape in [(6,), (5, 6), (4, 5, 6), (2, 1, 5, 6), (2, 4, 5, 6), (1, 4, 5, 6)]
+    for causal in (0, 1)
+    # No oracle for a rank-1 mask with is_causal: onnx's reference cannot compose them,
+    # onnxruntime wants rank >= 2.
+    if not (causal and len(shape) == 1)], ids=str)
 @pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("causal", [0, 1])
 def test_attention_masks(mask_shape, kind, causal):
-    if causal and len(mask_shape) == 1:
-        pytest.skip("onnx's reference cannot compose a rank-1 mask with is_causal, "
-                    "onnxruntime wants rank >= 2")
     mask = data(mask_shape, np.bool_, seed=7) if kind == "bool" else data(mask_shape, seed=7)
     if kind == "bool":
         mask[..., 0] = True  # no fully masked rows here: see test_attention_fully_masked_rows

@@ -58,17 +58,19 @@ def test_affine_grid(align, size):
     check_model(model, {"theta": theta}, oracle="onnxruntime" if ort else "reference")
 
 
-@pytest.mark.parametrize("opset", [10, 16, 22])
+ROI_ALIGN_ATTRS = [{}, {"output_height": 3, "output_width": 2, "sampling_ratio": 2},
+                   {"output_height": 4, "output_width": 4, "spatial_scale": 0.5},
+                   {"coordinate_transformation_mode": "output_half_pixel",
+                    "output_height": 2, "output_width": 3}]
+
+
+@pytest.mark.parametrize("opset,attrs", [
+    (opset, attrs) for opset in (10, 16, 22) for attrs in ROI_ALIGN_ATTRS
+    # opset 10 has no coordinate_transformation_mode
+    if opset >= 16 or "coordinate_transformation_mode" not in attrs], ids=str)
 @pytest.mark.parametrize("mode", ["avg", "max"])
-@pytest.mark.parametrize("attrs", [{}, {"output_height": 3, "output_width": 2, "sampling_ratio": 2},
-                                   {"output_height": 4, "output_width": 4, "spatial_scale": 0.5},
-                                   {"coordinate_transformation_mode": "output_half_pixel",
-                                    "output_height": 2, "output_width": 3}])
 def test_roi_align(opset, mode, attrs):
     attrs = dict(attrs, mode=mode)
-    if opset < 16:
-        if "coordinate_transformation_mode" in attrs:
-            pytest.skip("opset 10 has no coordinate_transformation_mode")
     x = data((2, 3, 10, 12))
     rois = np.array([[0, 0, 9, 9], [1.5, 2.2, 7.1, 5.3], [-2, -1, 14, 3], [6, 6, 6.5, 6.2]],
                     np.float32)
