@@ -360,24 +360,9 @@ class Activation(Unary):
         self.formula(x, outs[0])
 
 
-@register("Relu", since=6)
-class Relu(Activation):
-    pass
-
-
-@register("Sigmoid", since=6)
-class Sigmoid(Activation):
-    pass
-
-
-@register("Tanh", since=6)
-class Tanh(Activation):
-    pass
-
-
-@register("HardSwish", since=14)
-class HardSwish(Activation):
-    pass
+# Activations without attributes: the formula is all there is to them.
+for _op, _since in (("Relu", 6), ("Sigmoid", 6), ("Tanh", 6), ("HardSwish", 14)):
+    register(_op, _since)(type(_op, (Activation,), {}))
 
 
 @register("LeakyRelu", since=6)
