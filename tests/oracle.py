@@ -2,6 +2,12 @@
 
 `check_node` builds a one-node model, runs it in nnrun and in an oracle on the
 same feeds, and compares. Nothing here ever compares nnrun with itself.
+
+Which oracle (see tests/README.md): integer arithmetic is checked exactly against the
+reference evaluator, because onnxruntime's integer kernels differ by CPU (its int8 x int8
+MatMulInteger saturates on AVX2 machines without VNNI); everything else against onnxruntime.
+`check_model` picks by the model, and `run_onnxruntime` refuses integer arithmetic, so no
+test can come to depend on the machine it runs on.
 """
 
 import numpy as np
@@ -36,9 +42,60 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=DEFAULT_OPSET, ext
     return model
 
 
+# Ops whose integer results come from arithmetic whatever their types: the quantized ops, and
+# NonMaxSuppression, whose indices follow float IoUs that a compiler may contract into FMAs.
+INTEGER_RESULT_OPS = {"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "DynamicQuantizeLinear",
+                      "QuantizeLinear", "NonMaxSuppression"}
+# Ops that do arithmetic on their inputs: integer arithmetic when they output integers.
+ARITHMETIC_OPS = {"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Abs", "Neg", "Sign", "Relu", "PRelu", "Clip",
+                  "Max", "Min", "Sum", "Mean", "Shrink", "BitShift", "MatMul", "Gemm", "Einsum", "CumSum",
+                  "HannWindow", "HammingWindow", "BlackmanWindow", "Range",
+                  "ReduceSum", "ReduceMean", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2",
+                  "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
+# Interpolating ops: arithmetic in their linear and cubic modes; nearest only selects.
+INTERPOLATING_OPS = {"Resize", "Upsample"}
+INTEGER_TYPES = {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+                 TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64,
+                 TensorProto.INT4, TensorProto.UINT4}
+
+
+def integer_arithmetic(model):
+    """The nodes of `model` that compute integers by arithmetic (names), subgraphs included."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    found = []
+
+    def interpolates(node):
+        mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
+        return node.op_type in INTERPOLATING_OPS and mode != b"nearest"
+
+    def walk(graph):
+        for node in graph.node:
+            computes = node.op_type in ARITHMETIC_OPS or interpolates(node)
+            if node.domain in ("", "ai.onnx") and (
+                    node.op_type in INTEGER_RESULT_OPS
+                    or (computes and any(types.get(o) in INTEGER_TYPES for o in node.output))):
+                found.append(node.op_type)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    walk(sub)
+
+    walk(inferred.graph)
+    return found
+
+
+def exact_oracle_for(model):
+    return "reference" if integer_arithmetic(model) else "onnxruntime"
+
+
 def run_onnxruntime(model, feeds):
     import onnxruntime as ort
 
+    integer_ops = integer_arithmetic(model)
+    assert not integer_ops, (
+        f"onnxruntime is no oracle for integer arithmetic ({', '.join(sorted(set(integer_ops)))}): "
+        "its integer kernels differ by CPU; use the reference evaluator")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -54,6 +111,16 @@ def run_reference(model, feeds):
 def run_nnrun(model, feeds, **options):
     sess = nnrun.InferenceSession(model.SerializeToString(), **options)
     return sess.run(None, feeds)
+
+
+# Tolerances, relative to the largest magnitude of the expected output. The default, 1e-4, holds
+# for float32 ops on any CPU: kernels sum in another order or use FMA, a few ulps apart.
+# float16 keeps 11 significant bits (spacing 9.8e-4 near 1), and the two sides round
+# intermediates to float16 at different points: three spacings.
+FLOAT16_RTOL = 3e-3
+# A whole model: rounding differences of every layer compound, and onnxruntime's default
+# optimizations fuse and block its GEMMs its own way.
+WHOLE_MODEL_RTOL = 1e-3
 
 
 def assert_close(actual, expected, rtol=1e-4, atol=None, what=""):
@@ -74,8 +141,15 @@ def assert_close(actual, expected, rtol=1e-4, atol=None, what=""):
     np.testing.assert_allclose(actual[finite], expected[finite], rtol=0, atol=tol, err_msg=what)
 
 
-def check_model(model, feeds, oracle="onnxruntime", rtol=1e-4, atol=None, **options):
-    """Run `model` in nnrun and in the oracle; assert every output matches."""
+def check_model(model, feeds, oracle="auto", rtol=1e-4, atol=None, **options):
+    """Run `model` in nnrun and in the oracle; assert every output matches.
+
+    `oracle="auto"` takes the reference evaluator for integer arithmetic (compared exactly)
+    and onnxruntime for the rest; "reference" names the evaluator where onnxruntime lacks an
+    opset, a type or the spec's behaviour.
+    """
+    if oracle == "auto":
+        oracle = exact_oracle_for(model)
     run_oracle = run_onnxruntime if oracle == "onnxruntime" else run_reference
     expected = run_oracle(model, feeds)
     actual = run_nnrun(model, feeds, **options)
@@ -86,7 +160,7 @@ def check_model(model, feeds, oracle="onnxruntime", rtol=1e-4, atol=None, **opti
 
 
 def check_node(op_type, inputs, attrs=None, initializers=(), n_outputs=1, opset=DEFAULT_OPSET,
-               oracle="onnxruntime", rtol=1e-4, atol=None, domain=""):
+               oracle="auto", rtol=1e-4, atol=None, domain=""):
     """One node: `inputs` is a list of (name, array); `initializers` a list of (name, array).
 
     Inputs named in `initializers` are weights in the model; the others are fed.
@@ -118,12 +192,13 @@ def i64(*values):
     return np.array(values, dtype=np.int64)
 
 
-__all__ = ["data", "i64", "make_model", "check_model", "check_node", "assert_close", "run_onnxruntime",
-           "run_reference", "run_nnrun", "rng", "TensorProto", "helper", "numpy_helper", "onnx"]
+__all__ = ["FLOAT16_RTOL", "WHOLE_MODEL_RTOL", "data", "i64", "make_model", "check_model", "check_node",
+           "assert_close", "run_onnxruntime", "run_reference", "run_nnrun", "rng", "TensorProto", "helper",
+           "numpy_helper", "onnx"]
 
 
 def run_onnxruntime_path(path, feeds):
-    """onnxruntime on a model file (external data resolved beside it), default optimisations."""
+    """onnxruntime on a float model file (external data resolved beside it), default optimisations."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from oracle import assert_close, check_model, check_node, helper, make_model, rng, run_nnrun, run_onnxruntime
+from oracle import (FLOAT16_RTOL, assert_close, check_model, check_node, helper, make_model, rng, run_nnrun,
+                    run_onnxruntime)
 
 import nnrun
 from nnrun import ir
@@ -15,7 +16,7 @@ def _data(shape, seed=0):
     return rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _conv_case(x_shape, w_shape, attrs, bias=True, fed=False, opset=17, oracle="onnxruntime", seed=0):
+def _conv_case(x_shape, w_shape, attrs, bias=True, fed=False, opset=17, oracle="auto", seed=0):
     x = _data(x_shape, seed)
     w = _data(w_shape, seed + 1)
     params = [("w", w)] + ([("b", _data((w_shape[0],), seed + 2))] if bias else [])
@@ -247,7 +248,7 @@ def test_conv_rejects_bad_models(x_shape, w_shape, attrs):
 # ConvTranspose
 
 
-def _transpose_case(x_shape, w_shape, attrs, bias=True, fed=False, oracle="onnxruntime", opset=17):
+def _transpose_case(x_shape, w_shape, attrs, bias=True, fed=False, oracle="auto", opset=17):
     x = _data(x_shape)
     w = _data(w_shape, 1)
     params = [("w", w)] + ([("b", _data((w_shape[1] * attrs.get("group", 1),), 2))] if bias else [])
@@ -357,4 +358,4 @@ def test_conv_activation_model(w_shape, group, act):
 def test_conv_float16(w_shape, attrs):
     x = _data((1, 3, 7, 6)).astype(np.float16)
     w = _data(w_shape, 1).astype(np.float16)
-    check_node("Conv", [("x", x)], attrs, initializers=[("w", w)], rtol=3e-3)
+    check_node("Conv", [("x", x)], attrs, initializers=[("w", w)], rtol=FLOAT16_RTOL)

@@ -1,4 +1,5 @@
-"""Gemm and MatMul (runtime/ops/gemm.py) against onnxruntime."""
+"""Gemm and MatMul (runtime/ops/gemm.py) against onnxruntime; integer MatMul exactly against onnx's
+reference evaluator."""
 
 import numpy as np
 import pytest

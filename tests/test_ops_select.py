@@ -136,7 +136,8 @@ def test_cumsum(opset, exclusive, reverse, shape, axis):
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64])
 def test_cumsum_types_and_axis_fed(dtype):
     x = data((4, 6), dtype=dtype)
-    check_node("CumSum", [("x", x), ("axis", i64(1))], {"reverse": 1, "exclusive": 1}, opset=14)
+    check_node("CumSum", [("x", x), ("axis", np.array(1, np.int64))], {"reverse": 1, "exclusive": 1},
+               opset=14)
 
 
 # Einsum

@@ -4,7 +4,8 @@ against onnxruntime (or onnx's reference evaluator where onnxruntime lacks the o
 import numpy as np
 import pytest
 
-from oracle import check_model, check_node, data, helper, i64, make_model, rng
+from oracle import (assert_close, check_model, check_node, data, helper, i64, make_model, rng, run_nnrun,
+                    run_reference)
 
 
 def grid(shape, low=-1.3, high=1.3, seed=1):
@@ -114,11 +115,21 @@ def test_non_max_suppression(opset, center, limits, as_weights):
     check_model(model, {n: a for n, a in fed})
 
 
-def test_non_max_suppression_optional_inputs_omitted():
-    boxes = nms_boxes()
-    scores = rng(3).uniform(0, 1, (2, 3, 12)).astype(np.float32)
-    check_node("NonMaxSuppression", [("boxes", boxes), ("scores", scores), ("m", i64(4))], opset=11)
-    check_node("NonMaxSuppression", [("boxes", boxes), ("scores", scores)], opset=11)
+@pytest.mark.parametrize("max_out", [4, None])
+def test_non_max_suppression_optional_inputs_omitted(max_out):
+    # The spec's defaults: no max_output_boxes_per_class selects nothing, no iou_threshold is 0.
+    # The reference evaluator wants both given, so its model spells the defaults out.
+    feeds = {"boxes": nms_boxes(), "scores": rng(3).uniform(0, 1, (2, 3, 12)).astype(np.float32)}
+    given = {} if max_out is None else {"m": i64(max_out)}
+
+    def nms(extra):
+        node = helper.make_node("NonMaxSuppression", ["boxes", "scores", *extra], ["y"])
+        return make_model([node], [(n, a) for n, a in {**feeds, **extra}.items()], [("y", None)], opset=11)
+
+    (actual,) = run_nnrun(nms(given), {**feeds, **given})
+    explicit = {"m": i64(0 if max_out is None else max_out), "iou": np.array([0], np.float32)}
+    (expected,) = run_reference(nms(explicit), {**feeds, **explicit})
+    assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("image,block,attrs", [
