@@ -9,7 +9,7 @@ import pytest
 
 import nnrun
 from nnrun_tools.build_models import ensure
-from oracle import assert_close, run_onnxruntime_path
+from oracle import WHOLE_MODEL_RTOL, assert_close, run_onnxruntime_path
 
 LARGE = ["resnet50", "vgg16", "vgg16_external", "mobilenetv2", "inception", "unet", "bert"]
 
@@ -38,7 +38,7 @@ def test_matches_onnxruntime_and_fits_the_arena_bound(built):
     actual = sess.run(None, feeds)
     expected = run_onnxruntime_path(path, feeds)
     for i, (a, e) in enumerate(zip(actual, expected)):
-        assert_close(a, e, rtol=1e-3, what=f"{name} output {i}")
+        assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"{name} output {i}")
     plan = sess.plan()
     assert plan.lower_bound_bytes > 0
     assert plan.arena_bytes <= 1.05 * plan.lower_bound_bytes, (plan.arena_bytes, plan.lower_bound_bytes)
@@ -75,7 +75,7 @@ def test_dynamic_sequence_gets_one_plan_per_signature():
         actual = sess.run(None, feeds)
         expected = run_onnxruntime_path(path, feeds)
         for a, e in zip(actual, expected):
-            assert_close(a, e, rtol=1e-3, what=f"seq {seq}")
+            assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"seq {seq}")
     assert sess.report()["plan"]["plans"] == 2
 
 

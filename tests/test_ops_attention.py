@@ -4,7 +4,7 @@ onnxruntime lacks the opset or differs from the spec's reference)."""
 import numpy as np
 import pytest
 
-from oracle import check_model, check_node, data, helper, i64, make_model
+from oracle import FLOAT16_RTOL, check_model, check_node, data, helper, i64, make_model
 
 
 def qkv(batch=2, hq=4, hkv=2, sq=5, skv=6, d=8, dv=8, rank=4, dtype=np.float32):
@@ -107,11 +107,11 @@ def test_attention_short_mask_is_padded():
 
 
 def test_attention_float16():
-    check_node("Attention", qkv(dtype=np.float16), {"is_causal": 1}, opset=23, rtol=3e-3)
+    check_node("Attention", qkv(dtype=np.float16), {"is_causal": 1}, opset=23, rtol=FLOAT16_RTOL)
 
 
 def test_attention_softmax_precision():
-    check_node("Attention", qkv(dtype=np.float16), {"softmax_precision": 1}, opset=23, rtol=3e-3)
+    check_node("Attention", qkv(dtype=np.float16), {"softmax_precision": 1}, opset=23, rtol=FLOAT16_RTOL)
 
 
 def test_attention_in_graph_with_weights():

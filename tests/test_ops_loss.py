@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from oracle import check_node, helper, make_model, rng, run_nnrun
+from oracle import FLOAT16_RTOL, check_node, helper, make_model, rng, run_nnrun
 
 import nnrun
 
@@ -79,7 +79,7 @@ def test_nll_loss_float16():
     shape = (4, 3, 5)
     check_node("NegativeLogLikelihoodLoss",
                [("x", _scores(shape, np.float16)), ("target", _labels(shape, 3))],
-               {"reduction": "mean"}, opset=13, rtol=2e-3)
+               {"reduction": "mean"}, opset=13, rtol=FLOAT16_RTOL)
 
 
 def _nll_model(x, labels, **attrs):

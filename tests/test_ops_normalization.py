@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from oracle import check_node, rng
+from oracle import FLOAT16_RTOL, check_node, rng
 
 import nnrun
 from nnrun import ir
@@ -40,7 +40,7 @@ def test_batch_norm_mixed_types():
     # Opset 15: scale and B may differ in type from the statistics.
     params = _bn_params((3,), np.float16, np.float32)
     check_node("BatchNormalization", [("x", _data((2, 3, 4, 4), np.float16))], initializers=params,
-               opset=15, oracle="reference", rtol=2e-3)
+               opset=15, oracle="reference", rtol=FLOAT16_RTOL)
 
 
 def test_batch_norm_float64():
@@ -137,4 +137,4 @@ def test_instance_norm(x_shape, fed):
 def test_instance_norm_float16():
     params = [("scale", _data((3,), np.float16, 1)), ("b", _data((3,), np.float16, 2))]
     check_node("InstanceNormalization", [("x", _data((2, 3, 6, 5), np.float16))], initializers=params,
-               rtol=2e-3)
+               rtol=FLOAT16_RTOL)

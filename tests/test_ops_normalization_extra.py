@@ -3,7 +3,7 @@ against onnxruntime."""
 
 import numpy as np
 import pytest
-from oracle import check_node, helper, make_model, rng, run_nnrun
+from oracle import FLOAT16_RTOL, check_node, helper, make_model, rng, run_nnrun
 
 import nnrun
 
@@ -24,7 +24,7 @@ def test_rms_norm(shape, axis, scale_rank):
 
 def test_rms_norm_float16_stash():
     check_node("RMSNormalization", [("x", _data((3, 8), np.float16)), ("scale", _data((8,), np.float16, 1))],
-               opset=23, rtol=3e-3)
+               opset=23, rtol=FLOAT16_RTOL)
 
 
 @pytest.mark.parametrize("shape,groups", [((2, 6, 4, 3), 3), ((2, 6, 5), 2), ((1, 4, 3, 3), 4),

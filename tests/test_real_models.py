@@ -9,7 +9,7 @@ import pytest
 
 import nnrun
 from nnrun_tools.fetch_models import INPUT_SHAPES, MODELS, require_real_model
-from oracle import assert_close, run_onnxruntime_path
+from oracle import WHOLE_MODEL_RTOL, assert_close, run_onnxruntime_path
 
 ONNX_MODELS = sorted(name for name, (_, member) in MODELS.items() if member.endswith(".onnx"))
 
@@ -44,14 +44,14 @@ def test_real_model_matches_onnxruntime(name):
     expected = run_onnxruntime_path(path, feeds)
     assert len(actual) == len(expected)
     for i, (a, e) in enumerate(zip(actual, expected)):
-        assert_close(a, e, rtol=1e-3, what=f"{name} output {i}")
+        assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"{name} output {i}")
     plan = sess.plan()
     # 5% over the order's lower bound, plus a page of slack for 64-byte alignment on tiny arenas.
     assert plan.arena_bytes <= 1.05 * plan.lower_bound_bytes + 4096
     # A second run on other data: per-run state does not leak between runs.
     feeds = feeds_for(name, path, seed=1)
     for a, e in zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds)):
-        assert_close(a, e, rtol=1e-3, what=f"{name} second run")
+        assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"{name} second run")
 
 
 def test_dynamic_image_sizes_get_their_own_plans():
@@ -60,5 +60,5 @@ def test_dynamic_image_sizes_get_their_own_plans():
     for size in ((320, 320), (256, 384)):
         feeds = feeds_for("nudenet_320n", path, shapes={"images": [1, 3, *size]})
         for a, e in zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds)):
-            assert_close(a, e, rtol=1e-3, what=f"nudenet {size}")
+            assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"nudenet {size}")
     assert sess.report()["plan"]["plans"] == 2

@@ -5,7 +5,7 @@ import pytest
 from onnx import helper
 
 import nnrun
-from oracle import assert_close, check_model, make_model, run_onnxruntime
+from oracle import WHOLE_MODEL_RTOL, assert_close, check_model, make_model, run_onnxruntime
 
 MODELS = "models"
 
@@ -140,7 +140,7 @@ def test_runs_from_threads_agree_with_onnxruntime():
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda x: sess.run(None, {name: x})[0], feeds))
     for x, y in zip(feeds, results):
-        assert_close(y, oracle.run(None, {name: x})[0], rtol=1e-3)
+        assert_close(y, oracle.run(None, {name: x})[0], rtol=WHOLE_MODEL_RTOL)
 
 
 def test_residual_add_and_relu_run_as_one_step():
