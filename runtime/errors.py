@@ -1,13 +1,23 @@
-"""The one error hierarchy of nnrun.
+"""The one error hierarchy of nnrun, and the one way an error names where it arose.
 
-Every error a user can see derives from `NnrunError`. Errors raised while a node
-is being prepared or run name the node (index, name, op type) and the phase, in
-the manner of TFLite's `Node number 12 (CONV_2D) failed to prepare`.
+Every error a user can see derives from `NnrunError`. An error raised while a node
+is prepared or run names the phase, the pass, and the node by name, op type and
+index in the file, whatever rewrote the node in between:
+
+    PREPARE/fold_batchnorm: node 'bn3' (BatchNormalization, #41): epsilon must be a float
+
+Kernels and passes raise plain messages; the compiler's pass runner and the
+executor add the location once (`located`).
 """
 
 
 class NnrunError(Exception):
-    """Base of every error nnrun raises on purpose."""
+    """Base of every error nnrun raises on purpose.
+
+    `where` is the location the message starts with (phase, pass, node), once known.
+    """
+
+    where = None
 
 
 class ModelError(NnrunError):
@@ -40,7 +50,37 @@ class ExecutionError(NnrunError):
     """A kernel failed while running a node; the message names the node."""
 
 
-def node_label(index, node):
-    """The one way an error names a node: `node 12 'conv1' (Conv)`."""
-    name = f" '{node.name}'" if node.name else ""
-    return f"node {index}{name} ({node.op_type})"
+def node_label(node):
+    """The one way a message names a node: `node 'conv1' (Conv, #12)`."""
+    index = getattr(node, "index", -1)
+    number = f", #{index}" if index is not None and index >= 0 else ""
+    return f"node {node.name!r} ({node.op_type}{number})"
+
+
+def location(phase, pass_name=None, node=None):
+    """`PREPARE/fold_batchnorm: node 'bn3' (BatchNormalization, #41)`, or less where less is known."""
+    where = f"{phase}/{pass_name}" if pass_name else phase
+    return f"{where}: {node_label(node)}" if node is not None else where
+
+
+def located(error, phase, pass_name=None, node=None):
+    """`error` with its location in front, as an NnrunError; an error already located is kept.
+
+    A foreign exception (a kernel's ValueError, numpy's) becomes `ModelError` at PREPARE
+    and `ExecutionError` at EXECUTE, naming its type. nnrun's own errors keep their
+    class and attributes (an UnsupportedOperatorError keeps its `ops`).
+    """
+    if isinstance(error, NnrunError):
+        if error.where is not None:
+            return error
+        # A copy made without calling __init__, whose arguments differ by class.
+        found = type(error).__new__(type(error))
+        found.__dict__.update(error.__dict__)
+        message = str(error)
+    else:
+        found = (ExecutionError if phase == "EXECUTE" else ModelError)()
+        message = f"{type(error).__name__}: {error}"
+    where = location(phase, pass_name, node)
+    found.args = (f"{where}: {message}",)
+    found.where = where
+    return found

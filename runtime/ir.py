@@ -38,6 +38,7 @@ class Node:
     inputs: list  # names; "" marks an omitted optional input
     outputs: list
     attrs: dict = field(default_factory=dict)  # decoded: int, float, str, list, ndarray, ExternalData, Graph
+    index: int = -1  # position in its graph's node list in the file; kept by every rewrite, for errors
 
 
 @dataclass

@@ -240,7 +240,7 @@ def test_fused_activation(w_shape, group, activation, onnx_node):
 def test_conv_rejects_bad_models(x_shape, w_shape, attrs):
     x = TensorInfo(x_shape, np.dtype(np.float32))
     w = TensorInfo(w_shape, np.dtype(np.float32))
-    with pytest.raises(nnrun.ModelError, match="Conv node 'n'"):
+    with pytest.raises(nnrun.ModelError):
         _kernel("Conv", Conv, attrs, x, w)
 
 

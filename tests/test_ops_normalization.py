@@ -72,7 +72,7 @@ def test_batch_norm_packs_constant_parameters():
 ])
 def test_batch_norm_training_is_refused(attrs, outputs, opset):
     node = ir.Node("bn", "BatchNormalization", "", ["x", "s", "b", "m", "v"], outputs, attrs)
-    with pytest.raises(nnrun.ModelError, match="BatchNormalization node 'bn'.*training"):
+    with pytest.raises(nnrun.ModelError, match="training"):
         BatchNormalization(node, opset)
 
 
@@ -118,7 +118,7 @@ def test_layer_norm_other_types(dtype, rtol):
 
 def test_layer_norm_rejects_bad_axis():
     node = ir.Node("ln", "LayerNormalization", "", ["x", "s"], ["y"], {"axis": 3})
-    with pytest.raises(nnrun.ModelError, match="LayerNormalization node 'ln'.*axis"):
+    with pytest.raises(nnrun.ModelError, match="axis"):
         LayerNormalization(node, 17).infer(TensorInfo((2, 3, 4), np.dtype(np.float32)),
                                            TensorInfo((4,), np.dtype(np.float32)))
 

@@ -144,7 +144,7 @@ def kernel(op_type, attrs=None, opset=18, name="r0"):
 
 def test_axes_input_known_only_at_run_time():
     x = TensorInfo((2, 3), np.dtype(F32))
-    with pytest.raises(NeedsValueError, match="r0.*axes"):
+    with pytest.raises(NeedsValueError, match="'axes' decides a shape"):
         kernel("ReduceMean").infer(x, TensorInfo((1,), np.dtype(np.int64)))
     data = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(F32)
     model = make_model([helper.make_node("ReduceMean", ["x", "axes"], ["y"])],

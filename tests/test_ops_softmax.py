@@ -68,5 +68,5 @@ def test_softmax_float64_and_large(op):
 @pytest.mark.parametrize("opset,axis", [(11, 3), (13, -4), (13, 3)])
 def test_axis_out_of_range(op, opset, axis):
     k = lookup("", op, opset)(Node("sm", op, "", ["x"], ["y"], {"axis": axis}), opset)
-    with pytest.raises(ModelError, match="sm.*axis"):
+    with pytest.raises(ModelError, match="axis -?[0-9] is out of range"):
         k.infer(TensorInfo((2, 3, 4), np.dtype(np.float32)))

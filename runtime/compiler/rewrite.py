@@ -68,7 +68,7 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda array: None):
         weights[w_name] = new_w
         weights[b_name] = new_b
         fused_into[j] = Node(conv.name, "Conv", "", [conv.inputs[0], w_name, b_name],
-                             [bn.outputs[0]], dict(conv.attrs))
+                             [bn.outputs[0]], dict(conv.attrs), conv.index)
         dropped.add(i)
     out = []
     for i, node in enumerate(nodes):
@@ -117,7 +117,8 @@ def fuse_activations(nodes, weights, graph_outputs, producers=("Conv", "Gemm", "
             continue
         attrs = dict(prod.attrs)
         attrs["_activation"] = activation
-        replaced[j] = Node(prod.name, prod.op_type, "", list(prod.inputs), [act.outputs[0]], attrs)
+        replaced[j] = Node(prod.name, prod.op_type, "", list(prod.inputs), [act.outputs[0]], attrs,
+                           prod.index)
         dropped.add(i)
     return [replaced.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
 
@@ -160,5 +161,5 @@ def capture_outer_values(nodes):
                     captured.append(name)
         attrs = dict(node.attrs, _captured=captured)
         out.append(Node(node.name, node.op_type, node.domain, list(node.inputs) + captured,
-                        list(node.outputs), attrs))
+                        list(node.outputs), attrs, node.index))
     return out

@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from ..errors import ExecutionError, NnrunError, node_label
+from ..errors import ExecutionError, located, node_label
 from ..ops.registry import TensorInfo
 
 
@@ -106,13 +106,8 @@ class Executor:
                                              scratch=tuple(env[s] for s in step.scratch))
                     if result is not None:
                         _store(result, outs, step)
-            except NnrunError as e:
-                if node_label(step.index, step.node) in str(e):
-                    raise
-                raise type(e)(f"{node_label(step.index, step.node)} failed to run: {e}") from e
             except Exception as e:  # noqa: BLE001 - every failure must name the node
-                raise ExecutionError(f"{node_label(step.index, step.node)} failed to run: "
-                                     f"{type(e).__name__}: {e}") from e
+                raise located(e, "EXECUTE", None, step.node) from e
             if trace is not None:
                 trace(step, [env[o] if o >= 0 else None for o in step.outputs])
 
@@ -149,6 +144,6 @@ def _store(result, outs, step):
             continue
         value = np.asarray(value)
         if value.shape != out.shape:
-            raise ExecutionError(f"{node_label(step.index, step.node)}: kernel returned shape "
+            raise ExecutionError(f"EXECUTE: {node_label(step.node)}: the kernel returned shape "
                                  f"{value.shape}, the plan expected {out.shape}")
         np.copyto(out, value, casting="unsafe")

@@ -389,7 +389,7 @@ class _Builder:
                 attrs[key] = a.f
             else:
                 attrs[key] = self._attribute(a, index, n, depth, in_function)
-        return ir.Node(name, op_type, domain, inputs, outputs, attrs)
+        return ir.Node(name, op_type, domain, inputs, outputs, attrs, index)
 
     def _attribute(self, a, index, owner, depth, in_function):
         """The decoded value of attribute `a` of node `owner` (index `index`)."""

@@ -612,7 +612,7 @@ class _Builder:
         name = f"{op_type}_{index}"
         if first and tensors[first[0]]["name"] == names[first[0]]:
             name = names[first[0]]
-        return ir.Node(name, op_type, domain, inputs, outputs, attrs)
+        return ir.Node(name, op_type, domain, inputs, outputs, attrs, index)
 
     def _builtin_options(self, table, what):
         attrs = {}

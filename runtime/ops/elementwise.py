@@ -6,7 +6,7 @@ ufunc broadcasts the inputs to the output's shape, so no broadcast copy is ever
 made. Formulas of several passes reuse the output as their working buffer; the
 few that need another take block-sized scratch (activation.blockwise). Masked
 ufuncs (`where=`) are avoided for speed: see activation.py. The shape rule
-(`broadcast_shape`), `check_same_dtype` and `describe` are shared with the other
+(`broadcast_shape`) and `check_same_dtype` are shared with the other
 op families.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelError
 from . import activation
-from .registry import Kernel, TensorInfo, describe, register
+from .registry import Kernel, TensorInfo, register
 
 
 def broadcast_shape(node, *shapes):
@@ -26,7 +26,7 @@ def broadcast_shape(node, *shapes):
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         listed = ", ".join(str(tuple(s)) for s in shapes)
-        raise ModelError(f"{describe(node)}: input shapes {listed} do not broadcast") from None
+        raise ModelError(f"input shapes {listed} do not broadcast") from None
 
 
 def check_same_dtype(node, *infos):
@@ -34,7 +34,7 @@ def check_same_dtype(node, *infos):
     dtypes = {info.dtype for info in infos if info is not None}
     if len(dtypes) > 1:
         listed = ", ".join(str(info.dtype) for info in infos if info is not None)
-        raise ModelError(f"{describe(node)}: inputs must share one dtype, got {listed}")
+        raise ModelError(f"inputs must share one dtype, got {listed}")
 
 
 def _all(value, predicate):
@@ -160,12 +160,12 @@ class Mod(Binary):
 
     def decode(self):
         if self.fmod not in (0, 1):
-            raise ModelError(f"{describe(self.node)}: fmod must be 0 or 1, got {self.fmod}")
+            raise ModelError(f"fmod must be 0 or 1, got {self.fmod}")
         self.ufunc = np.fmod if self.fmod else np.mod
 
     def infer(self, a, b):
         if a.dtype.kind == "f" and not self.fmod:
-            raise ModelError(f"{describe(self.node)}: fmod must be 1 for floating-point inputs")
+            raise ModelError(f"fmod must be 1 for floating-point inputs")
         return super().infer(a, b)
 
     def run(self, a, b, *, outs, scratch):
@@ -180,7 +180,7 @@ class BitShift(Binary):
     def decode(self):
         shifts = {"LEFT": np.left_shift, "RIGHT": np.right_shift}
         if self.direction not in shifts:
-            raise ModelError(f"{describe(self.node)}: direction must be LEFT or RIGHT, "
+            raise ModelError(f"direction must be LEFT or RIGHT, "
                              f"got {self.direction!r}")
         self.ufunc = shifts[self.direction]
 
@@ -199,7 +199,7 @@ class Where(Kernel):
     def infer(self, condition, x, y):
         check_same_dtype(self.node, x, y)
         if condition.dtype != np.bool_:
-            raise ModelError(f"{describe(self.node)}: the condition must be bool, "
+            raise ModelError(f"the condition must be bool, "
                              f"got {condition.dtype}")
         shape = broadcast_shape(self.node, condition.shape, x.shape, y.shape)
         self.bits = _BITS.get(x.dtype.itemsize) if x.dtype.kind in "biuf" else None
@@ -230,7 +230,7 @@ class Variadic(Kernel):
 
     def infer(self, *inputs):
         if not inputs:
-            raise ModelError(f"{describe(self.node)}: needs at least one input")
+            raise ModelError(f"needs at least one input")
         check_same_dtype(self.node, *inputs)
         shape = broadcast_shape(self.node, *(i.shape for i in inputs))
         return [TensorInfo(shape, inputs[0].dtype)]
@@ -402,7 +402,7 @@ class Clip(Kernel):
         check_same_dtype(self.node, x, lo, hi)
         for bound in (lo, hi):
             if bound is not None and bound.size != 1:
-                raise ModelError(f"{describe(self.node)}: min and max must be scalars, "
+                raise ModelError(f"min and max must be scalars, "
                                  f"got shape {bound.shape}")
         return [TensorInfo(x.shape, x.dtype)]
 
@@ -478,7 +478,7 @@ class Gelu(Unary):
 
     def decode(self):
         if self.approximate not in ("none", "tanh"):
-            raise ModelError(f"{describe(self.node)}: approximate must be 'none' or 'tanh', "
+            raise ModelError(f"approximate must be 'none' or 'tanh', "
                              f"got {self.approximate!r}")
 
     def infer(self, x):
@@ -635,7 +635,7 @@ class Celu(ExponentialLinear):
 
     def decode(self):
         if self.alpha == 0:
-            raise ModelError(f"{describe(self.node)}: alpha must not be 0")
+            raise ModelError(f"alpha must not be 0")
         super().decode()
 
     def divisor(self):
@@ -673,7 +673,7 @@ class PRelu(Kernel):
     def infer(self, x, slope):
         check_same_dtype(self.node, x, slope)
         if broadcast_shape(self.node, x.shape, slope.shape) != tuple(x.shape):
-            raise ModelError(f"{describe(self.node)}: slope of shape {slope.shape} does not "
+            raise ModelError(f"slope of shape {slope.shape} does not "
                              f"broadcast to the input's shape {x.shape}")
         return [TensorInfo(x.shape, x.dtype)]
 

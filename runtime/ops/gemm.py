@@ -14,7 +14,6 @@ import numpy as np
 from ..errors import ModelError
 from .activation import apply_activation
 from .elementwise import broadcast_shape, check_same_dtype
-from .registry import describe
 from .registry import Kernel, TensorInfo, register
 
 
@@ -30,15 +29,15 @@ class Gemm(Kernel):
     def infer(self, a, b, c=None):
         check_same_dtype(self.node, a, b, c)
         if len(a.shape) != 2 or len(b.shape) != 2:
-            raise ModelError(f"{describe(self.node)}: A and B must be matrices, "
+            raise ModelError(f"A and B must be matrices, "
                              f"got shapes {a.shape} and {b.shape}")
         m, k = reversed(a.shape) if self.transA else a.shape
         kb, n = reversed(b.shape) if self.transB else b.shape
         if k != kb:
-            raise ModelError(f"{describe(self.node)}: inner dimensions differ: A {a.shape} "
+            raise ModelError(f"inner dimensions differ: A {a.shape} "
                              f"(transA={self.transA}) @ B {b.shape} (transB={self.transB})")
         if c is not None and broadcast_shape(self.node, c.shape, (m, n)) != (m, n):
-            raise ModelError(f"{describe(self.node)}: C of shape {c.shape} does not broadcast "
+            raise ModelError(f"C of shape {c.shape} does not broadcast "
                              f"to the output's shape {(m, n)}")
         return [TensorInfo((m, n), a.dtype)]
 
@@ -85,12 +84,12 @@ class MatMul(Kernel):
     def infer(self, a, b):
         check_same_dtype(self.node, a, b)
         if not a.shape or not b.shape:
-            raise ModelError(f"{describe(self.node)}: operands must have rank >= 1, "
+            raise ModelError(f"operands must have rank >= 1, "
                              f"got shapes {a.shape} and {b.shape}")
         a_shape = (1,) + tuple(a.shape) if len(a.shape) == 1 else tuple(a.shape)
         b_shape = tuple(b.shape) + (1,) if len(b.shape) == 1 else tuple(b.shape)
         if a_shape[-1] != b_shape[-2]:
-            raise ModelError(f"{describe(self.node)}: inner dimensions differ: "
+            raise ModelError(f"inner dimensions differ: "
                              f"{a.shape} @ {b.shape}")
         batch = broadcast_shape(self.node, a_shape[:-2], b_shape[:-2])
         shape = batch + (a_shape[-2],) * (len(a.shape) > 1) + (b_shape[-1],) * (len(b.shape) > 1)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..errors import ExecutionError
-from .registry import Kernel, TensorInfo, describe, register
+from .registry import Kernel, TensorInfo, register
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -62,7 +62,7 @@ class _ClassLoss(Kernel):
         else:
             kept, classes = None, target
         if classes.size and (classes.min() < 0 or classes.max() >= c):
-            raise ExecutionError(f"{describe(self.node)}: a label is outside [0, {c}) and is not "
+            raise ExecutionError(f"a label is outside [0, {c}) and is not "
                                  f"ignore_index {self.ignore_index}")
         picked = np.take_along_axis(log_prob, classes[:, None, :], axis=1)[:, 0, :]
         # Half floats sum in float32, as onnxruntime does.

@@ -19,7 +19,7 @@ from ..errors import ExecutionError
 from . import conv_core
 from .activation import sigmoid
 from .pool import _WindowPool
-from .registry import REQUIRED, Kernel, TensorInfo, describe, register
+from .registry import REQUIRED, Kernel, TensorInfo, register
 from .select import CumSum
 from .shape import int_list, known_value, normalize_axis, onnx_dtype, sane_shape
 
@@ -389,7 +389,7 @@ class MaxUnpool(Kernel):
         corner = y[tuple(slice(0, n) for n in self.inferred)]
         flat = indices.reshape(-1)
         if flat.size and (flat.min() < 0 or flat.max() >= math.prod(self.inferred)):
-            raise ExecutionError(f"{describe(self.node)}: an index in I is outside the unpooled shape "
+            raise ExecutionError(f"an index in I is outside the unpooled shape "
                                  f"{list(self.inferred)}")
         if corner.flags.c_contiguous:
             corner.reshape(-1)[flat] = x.reshape(-1)

@@ -19,7 +19,6 @@ import string
 import numpy as np
 
 from ..errors import ModelError
-from .registry import describe
 from .registry import Kernel, TensorInfo, register
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -31,10 +30,10 @@ def normalize_axes(node, axes, rank):
     for axis in axes:
         axis = int(axis)
         if not -rank <= axis < rank:
-            raise ModelError(f"{describe(node)}: axis {axis} is out of range for rank {rank}")
+            raise ModelError(f"axis {axis} is out of range for rank {rank}")
         normal.append(axis % rank)
     if len(set(normal)) != len(normal):
-        raise ModelError(f"{describe(node)}: repeated axes {list(axes)}")
+        raise ModelError(f"repeated axes {list(axes)}")
     return tuple(sorted(normal))
 
 
@@ -235,7 +234,7 @@ class ArgReduce(Kernel):
         rank = len(x.shape)
         (self.normal_axis,) = normalize_axes(self.node, [self.axis], rank)
         if x.shape[self.normal_axis] == 0:
-            raise ModelError(f"{describe(self.node)}: cannot take the index of an extremum "
+            raise ModelError(f"cannot take the index of an extremum "
                              f"over an empty axis {self.axis} of shape {x.shape}")
         self.kept_shape = tuple(1 if i == self.normal_axis else d for i, d in enumerate(x.shape))
         shape = self.kept_shape if self.keepdims else tuple(

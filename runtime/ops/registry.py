@@ -90,7 +90,7 @@ class Kernel:
             if name in node.attrs:
                 value = node.attrs[name]
             elif default is REQUIRED:
-                raise ModelError(f"{node.op_type} node {node.name!r}: attribute {name!r} is required")
+                raise ModelError(f"attribute {name!r} is required")
             else:
                 value = default
             setattr(self, name, value)
@@ -100,13 +100,12 @@ class Kernel:
         """Check and normalise attributes once; raise ModelError when they are wrong."""
 
     def fail(self, message):
-        """Raise a ModelError naming this node (the compiler adds its index and phase)."""
-        raise ModelError(f"{describe(self.node)}: {message}")
+        """Raise a ModelError; the compiler or the executor puts the node's location in front."""
+        raise ModelError(message)
 
     def needs_value(self, what):
         """Raise NeedsValueError: input `what` decides a shape and is not known at PREPARE."""
-        raise NeedsValueError(f"{describe(self.node)}: input {what!r} decides a shape and is "
-                              f"only known at run time")
+        raise NeedsValueError(f"input {what!r} decides a shape and is only known at run time")
 
     def infer(self, *inputs):
         raise NotImplementedError
@@ -116,11 +115,6 @@ class Kernel:
 
     def run(self, *inputs, outs, scratch):
         raise NotImplementedError
-
-
-def describe(node):
-    """How a kernel's error names its node: `Add node 'add_3'`."""
-    return f"{node.op_type} node {node.name!r}"
 
 
 def register(op_type, since=1, domain=""):

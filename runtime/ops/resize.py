@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from .registry import Kernel, TensorInfo, describe, register
+from .registry import Kernel, TensorInfo, register
 from .shape import known_value, normalize_axes, sane_shape
 
 F32 = np.float32
@@ -183,13 +183,13 @@ class ResizeCore(Kernel):
 
     def decode(self):
         if self.mode not in self.modes:
-            raise ModelError(f"{describe(self.node)}: mode {self.mode!r} is not one of {self.modes}")
+            raise ModelError(f"mode {self.mode!r} is not one of {self.modes}")
         if self.coordinate_transformation_mode not in self.coordinate_modes:
-            raise ModelError(f"{describe(self.node)}: coordinate_transformation_mode "
+            raise ModelError(f"coordinate_transformation_mode "
                              f"{self.coordinate_transformation_mode!r} is not one of "
                              f"{self.coordinate_modes}")
         if self.nearest_mode not in NEAREST:
-            raise ModelError(f"{describe(self.node)}: nearest_mode {self.nearest_mode!r} is unknown")
+            raise ModelError(f"nearest_mode {self.nearest_mode!r} is unknown")
 
     def geometry(self, x, *inputs):
         """(output shape, float32 scale per axis, roi (start, end) per axis or None)."""
@@ -218,7 +218,7 @@ class ResizeCore(Kernel):
             if scale == F32(1) and in_len == out_len:
                 continue
             if out_len and not in_len:
-                raise ModelError(f"{describe(self.node)}: cannot resize an empty axis {axis} to {out_len}")
+                raise ModelError(f"cannot resize an empty axis {axis} to {out_len}")
             if not out_len:
                 continue  # an empty output: nothing to plan
             coords = source_coordinates(self.coordinate_transformation_mode, out_len, in_len,
@@ -563,9 +563,9 @@ def float_list(node, info, what):
 
 def output_from_scales(node, in_shape, scales):
     if len(scales) != len(in_shape):
-        raise ModelError(f"{describe(node)}: {len(scales)} scales for rank {len(in_shape)}")
+        raise ModelError(f"{len(scales)} scales for rank {len(in_shape)}")
     if any(not 0 < s < np.inf for s in scales):
-        raise ModelError(f"{describe(node)}: scales {[float(s) for s in scales]} must be positive and finite")
+        raise ModelError(f"scales {[float(s) for s in scales]} must be positive and finite")
     # onnxruntime: floor(float(scale) * float(dim)), in float32.
     return [int(F32(s) * F32(d)) for s, d in zip(scales, in_shape)]
 
@@ -583,7 +583,7 @@ class Upsample(ResizeCore):
 
     def scale_values(self, scales_input):
         if self.scales is None:
-            raise ModelError(f"{describe(self.node)}: attribute 'scales' is required")
+            raise ModelError(f"attribute 'scales' is required")
         return [F32(s) for s in self.scales]
 
     def geometry(self, x, scales_input=None):
@@ -597,7 +597,7 @@ class Upsample9(Upsample):
 
     def scale_values(self, scales_input):
         if scales_input is None:
-            raise ModelError(f"{describe(self.node)}: input 'scales' is required")
+            raise ModelError(f"input 'scales' is required")
         return float_list(self.node, scales_input, "scales")
 
 
@@ -624,17 +624,17 @@ class Resize11(ResizeCore):
         if sizes is not None:
             size_values = [int(v) for v in np.asarray(known_value(self.node, sizes, "sizes")).reshape(-1)]
         if scale_values and size_values:
-            raise ModelError(f"{describe(self.node)}: give either scales or sizes, not both")
+            raise ModelError(f"give either scales or sizes, not both")
         shape, per_axis = list(x.shape), [F32(1)] * rank
         if scale_values:
             if len(scale_values) != len(axes):
-                raise ModelError(f"{describe(self.node)}: {len(scale_values)} scales for {len(axes)} axes")
+                raise ModelError(f"{len(scale_values)} scales for {len(axes)} axes")
             picked = [x.shape[a] for a in axes]
             for a, d, s in zip(axes, output_from_scales(self.node, picked, scale_values), scale_values):
                 shape[a], per_axis[a] = d, s
         elif size_values:
             if len(size_values) != len(axes) or any(s < 0 for s in size_values):
-                raise ModelError(f"{describe(self.node)}: sizes {size_values} do not fit axes {axes}")
+                raise ModelError(f"sizes {size_values} do not fit axes {axes}")
             ratios = [F32(s) / F32(x.shape[a]) if x.shape[a] else F32(1)
                       for a, s in zip(axes, size_values)]
             if self.keep_aspect_ratio_policy == "stretch":
@@ -646,12 +646,12 @@ class Resize11(ResizeCore):
                     # round half up, as the spec's round_int
                     shape[a], per_axis[a] = int(np.floor(r * F32(x.shape[a]) + F32(0.5))), r
         else:
-            raise ModelError(f"{describe(self.node)}: one of scales and sizes must be given")
+            raise ModelError(f"one of scales and sizes must be given")
         box = None
         if self.coordinate_transformation_mode == "tf_crop_and_resize":
             values = float_list(self.node, roi, "roi") if roi is not None else None
             if not values or len(values) != 2 * len(axes):
-                raise ModelError(f"{describe(self.node)}: tf_crop_and_resize needs a roi of "
+                raise ModelError(f"tf_crop_and_resize needs a roi of "
                                  f"{2 * len(axes)} values")
             box = [(F32(0), F32(1))] * rank
             for i, a in enumerate(axes):
@@ -670,7 +670,7 @@ class Resize18(Resize13):
 
     def decode(self):
         if self.keep_aspect_ratio_policy not in ("stretch", "not_larger", "not_smaller"):
-            raise ModelError(f"{describe(self.node)}: keep_aspect_ratio_policy "
+            raise ModelError(f"keep_aspect_ratio_policy "
                              f"{self.keep_aspect_ratio_policy!r} is unknown")
         super().decode()
 

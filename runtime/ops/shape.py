@@ -19,7 +19,7 @@ from onnx import helper as onnx_helper
 
 from ..errors import ModelError
 from ..ir import weight_array
-from .registry import REQUIRED, Kernel, NeedsValueError, TensorInfo, describe, register
+from .registry import REQUIRED, Kernel, NeedsValueError, TensorInfo, register
 
 INT64 = np.dtype(np.int64)
 
@@ -35,7 +35,7 @@ def onnx_dtype(node, code, attribute="to"):
             return np.dtype(onnx_helper.tensor_dtype_to_np_dtype(int(code)))
     except (KeyError, TypeError, ValueError):
         pass
-    raise ModelError(f"{describe(node)}: attribute {attribute!r} names data type {code!r}, "
+    raise ModelError(f"attribute {attribute!r} names data type {code!r}, "
                      "which nnrun does not support")
 
 
@@ -43,7 +43,7 @@ def normalize_axis(node, axis, rank, what="axis"):
     """`axis` in [-rank, rank) as a non-negative int, or ModelError."""
     axis = int(axis)
     if not -rank <= axis < rank:
-        raise ModelError(f"{describe(node)}: {what} {axis} is out of range for rank {rank}")
+        raise ModelError(f"{what} {axis} is out of range for rank {rank}")
     return axis + rank if axis < 0 else axis
 
 
@@ -51,7 +51,7 @@ def normalize_axes(node, axes, rank, what="axes"):
     """A list of distinct non-negative axes, or ModelError."""
     out = [normalize_axis(node, a, rank, what) for a in axes]
     if len(set(out)) != len(out):
-        raise ModelError(f"{describe(node)}: {what} {list(axes)} repeat an axis")
+        raise ModelError(f"{what} {list(axes)} repeat an axis")
     return out
 
 
@@ -60,7 +60,7 @@ def known_value(node, info, what):
     if info is None:
         return None
     if info.value is None:
-        raise NeedsValueError(f"{describe(node)}: input {what!r} decides a shape and is only known "
+        raise NeedsValueError(f"input {what!r} decides a shape and is only known "
                               f"at run time")
     return info.value
 
@@ -72,7 +72,7 @@ def int_list(node, info, what):
         return None
     value = np.asarray(value)
     if value.dtype.kind not in "iu":
-        raise ModelError(f"{describe(node)}: input {what!r} must be an integer tensor, not {value.dtype}")
+        raise ModelError(f"input {what!r} must be an integer tensor, not {value.dtype}")
     return [int(v) for v in value.reshape(-1)]
 
 
@@ -84,9 +84,9 @@ def sane_shape(node, shape, dtype):
     """`shape` as a tuple of ints, or ModelError when it is negative or absurdly large."""
     shape = tuple(int(d) for d in shape)
     if any(d < 0 for d in shape):
-        raise ModelError(f"{describe(node)}: negative dimension in shape {list(shape)}")
+        raise ModelError(f"negative dimension in shape {list(shape)}")
     if size_of(shape) * np.dtype(dtype).itemsize > MAX_TENSOR_BYTES:
-        raise ModelError(f"{describe(node)}: output shape {list(shape)} of {np.dtype(dtype)} is larger "
+        raise ModelError(f"output shape {list(shape)} of {np.dtype(dtype)} is larger "
                          f"than {MAX_TENSOR_BYTES >> 30} GiB")
     return shape
 
@@ -163,32 +163,32 @@ class Reshape(Alias):
     def out_shape(self, x, shape):
         dims = int_list(self.node, shape, "shape")
         if shape is not None and len(shape.shape) != 1:
-            raise ModelError(f"{describe(self.node)}: input 'shape' must be 1-D, got shape {shape.shape}")
+            raise ModelError(f"input 'shape' must be 1-D, got shape {shape.shape}")
         out = []
         unknown = None
         for i, d in enumerate(dims):
             if d == -1:
                 if unknown is not None:
-                    raise ModelError(f"{describe(self.node)}: shape {dims} has more than one -1")
+                    raise ModelError(f"shape {dims} has more than one -1")
                 unknown = i
                 out.append(1)
             elif d == 0 and not self.allowzero:
                 if i >= len(x.shape):
-                    raise ModelError(f"{describe(self.node)}: shape {dims} copies dimension {i} (0) "
+                    raise ModelError(f"shape {dims} copies dimension {i} (0) "
                                      f"of an input of rank {len(x.shape)}")
                 out.append(x.shape[i])
             elif d < 0:
-                raise ModelError(f"{describe(self.node)}: shape {dims} has a negative dimension {d}")
+                raise ModelError(f"shape {dims} has a negative dimension {d}")
             else:
                 out.append(d)
         total = x.size
         if unknown is not None:
             known = size_of(out)
             if known == 0 or total % known:
-                raise ModelError(f"{describe(self.node)}: cannot reshape {list(x.shape)} into {dims}")
+                raise ModelError(f"cannot reshape {list(x.shape)} into {dims}")
             out[unknown] = total // known
         if size_of(out) != total:
-            raise ModelError(f"{describe(self.node)}: cannot reshape {list(x.shape)} ({total} elements) "
+            raise ModelError(f"cannot reshape {list(x.shape)} ({total} elements) "
                              f"into {out}")
         return tuple(out)
 
@@ -197,7 +197,7 @@ class Reshape(Alias):
 class Reshape14(Reshape):
     def decode(self):
         if self.allowzero not in (0, 1):
-            raise ModelError(f"{describe(self.node)}: allowzero must be 0 or 1, got {self.allowzero}")
+            raise ModelError(f"allowzero must be 0 or 1, got {self.allowzero}")
 
 
 @register("Flatten", since=1)
@@ -208,7 +208,7 @@ class Flatten(Alias):
         rank = len(x.shape)
         # axis == rank is allowed: everything goes into the first dimension.
         if not -rank <= self.axis <= rank:
-            raise ModelError(f"{describe(self.node)}: axis {self.axis} is out of range for rank {rank}")
+            raise ModelError(f"axis {self.axis} is out of range for rank {rank}")
         axis = self.axis + rank if self.axis < 0 else self.axis
         return (size_of(x.shape[:axis]), size_of(x.shape[axis:]))
 
@@ -228,7 +228,7 @@ class Squeeze(Alias):
         axes = set(normalize_axes(self.node, axes, rank))
         for a in axes:
             if x.shape[a] != 1:
-                raise ModelError(f"{describe(self.node)}: cannot squeeze axis {a} of shape {list(x.shape)}")
+                raise ModelError(f"cannot squeeze axis {a} of shape {list(x.shape)}")
         return tuple(d for i, d in enumerate(x.shape) if i not in axes)
 
 
@@ -250,7 +250,7 @@ class Unsqueeze(Alias):
     def out_shape(self, x, axes_input=None):
         axes = self.axes_of(axes_input)
         if axes is None:
-            raise ModelError(f"{describe(self.node)}: input 'axes' is required")
+            raise ModelError(f"input 'axes' is required")
         rank = len(x.shape) + len(axes)
         inserted = set(normalize_axes(self.node, axes, rank))
         dims = iter(x.shape)
@@ -276,12 +276,12 @@ class Constant(Kernel):
     def decode(self):
         given = [name for name in self.attributes if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ModelError(f"{describe(self.node)}: exactly one value attribute must be set, "
+            raise ModelError(f"exactly one value attribute must be set, "
                              f"found {given or 'none'}")
         name = given[0]
         raw = getattr(self, name)
         if name == "sparse_value":
-            raise ModelError(f"{describe(self.node)}: sparse_value is unsupported")
+            raise ModelError(f"sparse_value is unsupported")
         if name == "value":
             self.array = weight_array(raw)
         elif name == "value_float":
@@ -318,7 +318,7 @@ class ConstantOfShape(Kernel):
         else:
             value = weight_array(self.value)
             if value.size != 1:
-                raise ModelError(f"{describe(self.node)}: value must hold one element, got {value.size}")
+                raise ModelError(f"value must hold one element, got {value.size}")
             self.fill = value.reshape(())
 
     def infer(self, shape):
@@ -333,7 +333,7 @@ def broadcast_shapes(node, *shapes):
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
-        raise ModelError(f"{describe(node)}: shapes {[list(s) for s in shapes]} do not broadcast") from None
+        raise ModelError(f"shapes {[list(s) for s in shapes]} do not broadcast") from None
 
 
 @register("Expand", since=8)
@@ -354,16 +354,16 @@ class Range(Kernel):
                   for info, what in ((start, "start"), (limit, "limit"), (delta, "delta"))]
         dtype = start.dtype
         if any(np.asarray(v).size != 1 for v in values) or limit.dtype != dtype or delta.dtype != dtype:
-            raise ModelError(f"{describe(self.node)}: start, limit and delta must be scalars of one type")
+            raise ModelError(f"start, limit and delta must be scalars of one type")
         first, limit_v, step = (np.asarray(v, dtype=dtype).reshape(()) for v in values)
         if step == 0 or not np.isfinite(float(step)):
-            raise ModelError(f"{describe(self.node)}: delta is {step}")
+            raise ModelError(f"delta is {step}")
         # ceil((limit - start) / delta), the difference taken in the input type as the spec does.
         with np.errstate(over="ignore", invalid="ignore"):
             span = float(limit_v - first) if dtype.kind == "f" else float(int(limit_v) - int(first))
             count = span / float(step)
         if not np.isfinite(count):
-            raise ModelError(f"{describe(self.node)}: start {first}, limit {limit_v}, delta {step}")
+            raise ModelError(f"start {first}, limit {limit_v}, delta {step}")
         shape = (max(int(np.ceil(count)), 0),)
         return [TensorInfo(sane_shape(self.node, shape, dtype), dtype)]
 
@@ -387,7 +387,7 @@ class EyeLike(Kernel):
 
     def infer(self, x):
         if len(x.shape) != 2:
-            raise ModelError(f"{describe(self.node)}: input must be 2-D, got shape {list(x.shape)}")
+            raise ModelError(f"input must be 2-D, got shape {list(x.shape)}")
         dtype = x.dtype if self.dtype is None else onnx_dtype(self.node, self.dtype, "dtype")
         rows, cols = x.shape
         i = np.arange(max(0, -self.k), min(rows, cols - self.k), dtype=np.intp)

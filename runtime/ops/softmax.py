@@ -13,7 +13,6 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from .registry import describe
 from .registry import Kernel, TensorInfo, register
 
 
@@ -25,7 +24,7 @@ class SoftmaxFamily(Kernel):
     def infer(self, x):
         rank = len(x.shape)
         if not -rank <= self.axis < rank:
-            raise ModelError(f"{describe(self.node)}: axis {self.axis} is out of range "
+            raise ModelError(f"axis {self.axis} is out of range "
                              f"for rank {rank}")
         axis = self.axis % rank
         outer = math.prod(x.shape[:axis])

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ExecutionError, ModelError
 from . import exotic_types
-from .registry import REQUIRED, Kernel, TensorInfo, describe, register
+from .registry import REQUIRED, Kernel, TensorInfo, register
 from .shape import int_list, known_value, normalize_axes, normalize_axis, onnx_dtype, sane_shape
 
 
@@ -23,7 +23,7 @@ def check_indices(node, indices, dim, what="indices"):
     """Raise ExecutionError unless every index lies in [-dim, dim)."""
     if indices.size and (indices.min() < -dim or indices.max() >= dim):
         bad = indices[(indices < -dim) | (indices >= dim)].reshape(-1)[0]
-        raise ExecutionError(f"{describe(node)}: {what} value {int(bad)} is out of range "
+        raise ExecutionError(f"{what} value {int(bad)} is out of range "
                              f"for a dimension of size {dim}")
 
 
@@ -38,7 +38,7 @@ def constant_indices(node, info, dim, what="indices"):
     """Validate indices known at PREPARE (ModelError) and return them as non-negative intp."""
     indices = np.asarray(info.value)
     if indices.dtype.kind not in "iu":
-        raise ModelError(f"{describe(node)}: {what} must be integers, not {indices.dtype}")
+        raise ModelError(f"{what} must be integers, not {indices.dtype}")
     try:
         check_indices(node, indices, dim, what)
     except ExecutionError as e:
@@ -57,7 +57,7 @@ class Transpose(Kernel):
         else:
             self.axes = normalize_axes(self.node, self.perm, rank, "perm")
             if len(self.axes) != rank:
-                raise ModelError(f"{describe(self.node)}: perm {self.perm} does not permute {rank} axes")
+                raise ModelError(f"perm {self.perm} does not permute {rank} axes")
         return [TensorInfo(tuple(x.shape[a] for a in self.axes), x.dtype)]
 
     def run(self, x, outs, scratch):
@@ -70,7 +70,7 @@ class Concat(Kernel):
 
     def infer(self, *inputs):
         if not inputs or any(i is None for i in inputs):
-            raise ModelError(f"{describe(self.node)}: needs at least one input and no omitted ones")
+            raise ModelError(f"needs at least one input and no omitted ones")
         first = inputs[0]
         rank = len(first.shape)
         self.axis_ = normalize_axis(self.node, self.axis, rank)
@@ -78,7 +78,7 @@ class Concat(Kernel):
         for info in inputs:
             if info.dtype != first.dtype or len(info.shape) != rank or any(
                     a != b for i, (a, b) in enumerate(zip(info.shape, first.shape)) if i != self.axis_):
-                raise ModelError(f"{describe(self.node)}: cannot concatenate "
+                raise ModelError(f"cannot concatenate "
                                  f"{[(list(i.shape), str(i.dtype)) for i in inputs]} on axis {self.axis}")
             total += info.shape[self.axis_]
         shape = list(first.shape)
@@ -105,12 +105,12 @@ class Split(Kernel):
         sizes = self.sizes(dim, split_input)
         if sizes is None:
             if dim % n:
-                raise ModelError(f"{describe(self.node)}: dimension {dim} does not split evenly "
+                raise ModelError(f"dimension {dim} does not split evenly "
                                  f"into {n} outputs")
             sizes = [dim // n] * n
         sizes = [int(s) for s in sizes]
         if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != dim:
-            raise ModelError(f"{describe(self.node)}: split {sizes} does not cut dimension {dim} "
+            raise ModelError(f"split {sizes} does not cut dimension {dim} "
                              f"into {n} outputs")
         self.parts = []
         infos = []
@@ -147,14 +147,14 @@ class Split18(Split):
         sizes = int_list(self.node, split_input, "split")
         if sizes is not None:
             if self.num_outputs is not None:
-                raise ModelError(f"{describe(self.node)}: give either input 'split' or attribute "
+                raise ModelError(f"give either input 'split' or attribute "
                                  "'num_outputs', not both")
             return sizes
         if self.num_outputs is None:
             return None
         n = self.num_outputs
         if n != len(self.node.outputs) or n < 1:
-            raise ModelError(f"{describe(self.node)}: num_outputs {n} but {len(self.node.outputs)} outputs")
+            raise ModelError(f"num_outputs {n} but {len(self.node.outputs)} outputs")
         # Chunks of ceil(dim / n); the last one takes what is left.
         chunk = -(-dim // n)
         return [chunk] * (n - 1) + [dim - chunk * (n - 1)]
@@ -168,7 +168,7 @@ def slice_index(node, shape, starts, ends, axes, steps):
     if steps is None:
         steps = [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise ModelError(f"{describe(node)}: starts, ends, axes and steps differ in length "
+        raise ModelError(f"starts, ends, axes and steps differ in length "
                          f"({len(starts)}, {len(ends)}, {len(axes)}, {len(steps)})")
     axes = normalize_axes(node, axes, rank)
     index = [slice(None)] * rank
@@ -176,7 +176,7 @@ def slice_index(node, shape, starts, ends, axes, steps):
     for start, end, axis, step in zip(starts, ends, axes, steps):
         dim = shape[axis]
         if step == 0:
-            raise ModelError(f"{describe(node)}: step 0 on axis {axis}")
+            raise ModelError(f"step 0 on axis {axis}")
         if start < 0:
             start += dim
         if end < 0:
@@ -215,7 +215,7 @@ class Slice10(Slice):
 
     def bounds(self, starts, ends, axes, steps):
         if starts is None or ends is None:
-            raise ModelError(f"{describe(self.node)}: inputs 'starts' and 'ends' are required")
+            raise ModelError(f"inputs 'starts' and 'ends' are required")
         return (int_list(self.node, starts, "starts"), int_list(self.node, ends, "ends"),
                 int_list(self.node, axes, "axes"), int_list(self.node, steps, "steps"))
 
@@ -257,7 +257,7 @@ class GatherElements(Kernel):
         self.axis_ = normalize_axis(self.node, self.axis, rank)
         if len(indices.shape) != rank or any(
                 i > d for a, (i, d) in enumerate(zip(indices.shape, x.shape)) if a != self.axis_):
-            raise ModelError(f"{describe(self.node)}: indices of shape {list(indices.shape)} do not fit "
+            raise ModelError(f"indices of shape {list(indices.shape)} do not fit "
                              f"data of shape {list(x.shape)}")
         self.dim = x.shape[self.axis_]
         # Flat positions in x: each index times the axis stride plus where its row starts.
@@ -293,7 +293,7 @@ class GatherND(Kernel):
         k = indices.shape[-1] if indices.shape else 0
         if (not indices.shape or b < 0 or b >= len(indices.shape) or k < 1 or b + k > len(x.shape)
                 or tuple(x.shape[:b]) != tuple(indices.shape[:b])):
-            raise ModelError(f"{describe(self.node)}: indices {list(indices.shape)} do not fit data "
+            raise ModelError(f"indices {list(indices.shape)} do not fit data "
                              f"{list(x.shape)} with batch_dims {b}")
         self.dims = x.shape[b:b + k]
         batch = int(np.prod(x.shape[:b]))
@@ -321,7 +321,7 @@ def cast_into(out, x):
 
 def check_cast(node, source, target):
     if (source.kind in "OUS") != (target.kind in "OUS"):
-        raise ModelError(f"{describe(node)}: casts between strings and numbers are unsupported "
+        raise ModelError(f"casts between strings and numbers are unsupported "
                          f"({source} to {target})")
 
 
@@ -383,7 +383,7 @@ class Pad(Kernel):
 
     def decode(self):
         if self.mode not in self.modes:
-            raise ModelError(f"{describe(self.node)}: mode {self.mode!r} is not one of {self.modes}")
+            raise ModelError(f"mode {self.mode!r} is not one of {self.modes}")
 
     def pads_and_fill(self, x, pads, constant_value, axes):
         return list(self.pads), self.value
@@ -392,18 +392,18 @@ class Pad(Kernel):
         rank = len(x.shape)
         pads, self.fill = self.pads_and_fill(x, pads, constant_value, axes)
         if len(pads) != 2 * rank:
-            raise ModelError(f"{describe(self.node)}: {len(pads)} pads for rank {rank}")
+            raise ModelError(f"{len(pads)} pads for rank {rank}")
         begins, ends = pads[:rank], pads[rank:]
         out_shape, crop, interior = [], [], []
         for dim, b, e in zip(x.shape, begins, ends):
             # Negative pads crop the input.
             kept = dim + min(b, 0) + min(e, 0)
             if kept < 0:
-                raise ModelError(f"{describe(self.node)}: pads {pads} crop more than shape {list(x.shape)}")
+                raise ModelError(f"pads {pads} crop more than shape {list(x.shape)}")
             crop.append(slice(-min(b, 0), -min(b, 0) + kept))
             b, e = max(b, 0), max(e, 0)
             if self.mode != "constant" and kept == 0 and b + e:
-                raise ModelError(f"{describe(self.node)}: cannot pad an empty axis in mode {self.mode!r}")
+                raise ModelError(f"cannot pad an empty axis in mode {self.mode!r}")
             interior.append(slice(b, b + kept))
             out_shape.append(b + kept + e)
         out_shape = sane_shape(self.node, out_shape, x.dtype)
@@ -465,7 +465,7 @@ class Pad11(Pad):
         rank = len(x.shape)
         given = int_list(self.node, pads, "pads")
         if given is None:
-            raise ModelError(f"{describe(self.node)}: input 'pads' is required")
+            raise ModelError(f"input 'pads' is required")
         fill = 0
         if constant_value is not None and constant_value.value is not None and constant_value.size:
             fill = constant_value.value.reshape(-1)[0]
@@ -474,7 +474,7 @@ class Pad11(Pad):
             return given, fill
         axes = normalize_axes(self.node, axes, rank)
         if len(given) != 2 * len(axes):
-            raise ModelError(f"{describe(self.node)}: {len(given)} pads for {len(axes)} axes")
+            raise ModelError(f"{len(given)} pads for {len(axes)} axes")
         full = [0] * (2 * rank)
         for i, a in enumerate(axes):
             full[a], full[rank + a] = given[i], given[len(axes) + i]
@@ -491,7 +491,7 @@ class Tile(Kernel):
     def infer(self, x, repeats):
         reps = int_list(self.node, repeats, "repeats")
         if len(reps) != len(x.shape) or any(r < 0 for r in reps):
-            raise ModelError(f"{describe(self.node)}: repeats {reps} do not fit shape {list(x.shape)}")
+            raise ModelError(f"repeats {reps} do not fit shape {list(x.shape)}")
         # The output seen as (r0, d0, r1, d1, ...) receives the input broadcast over the r axes.
         self.tiled = tuple(v for r, d in zip(reps, x.shape) for v in (r, d))
         self.spread = tuple(v for d in x.shape for v in (1, d))
@@ -508,12 +508,12 @@ class Trilu(Kernel):
 
     def infer(self, x, k=None):
         if len(x.shape) < 2:
-            raise ModelError(f"{describe(self.node)}: input must have rank >= 2, got {list(x.shape)}")
+            raise ModelError(f"input must have rank >= 2, got {list(x.shape)}")
         diagonal = 0
         if k is not None:
             value = known_value(self.node, k, "k")
             if value.size != 1:
-                raise ModelError(f"{describe(self.node)}: k must be a scalar")
+                raise ModelError(f"k must be a scalar")
             diagonal = int(value.reshape(-1)[0])
         rows, cols = x.shape[-2:]
         offset = np.arange(cols)[None, :] - np.arange(rows)[:, None]
@@ -532,11 +532,11 @@ class DepthToSpace(Kernel):
 
     def decode(self):
         if self.mode not in ("DCR", "CRD") or self.blocksize < 1:
-            raise ModelError(f"{describe(self.node)}: mode {self.mode!r}, blocksize {self.blocksize}")
+            raise ModelError(f"mode {self.mode!r}, blocksize {self.blocksize}")
 
     def infer(self, x):
         if len(x.shape) != 4 or x.shape[1] % (self.blocksize ** 2):
-            raise ModelError(f"{describe(self.node)}: input shape {list(x.shape)} does not fit "
+            raise ModelError(f"input shape {list(x.shape)} does not fit "
                              f"blocksize {self.blocksize}")
         n, c, h, w = x.shape
         b = self.blocksize
@@ -559,7 +559,7 @@ class SpaceToDepth(Kernel):
     def infer(self, x):
         b = self.blocksize
         if b < 1 or len(x.shape) != 4 or x.shape[2] % b or x.shape[3] % b:
-            raise ModelError(f"{describe(self.node)}: input shape {list(x.shape)} does not fit "
+            raise ModelError(f"input shape {list(x.shape)} does not fit "
                              f"blocksize {b}")
         n, c, h, w = x.shape
         self.split = (n, c, h // b, b, w // b, b)
@@ -582,7 +582,7 @@ class Scatter(Kernel):
         allowed = ("none",) if self.opset < 16 else ("none", "add", "mul") if self.opset < 18 \
             else ("none", "add", "mul", "max", "min")
         if self.reduction not in allowed:
-            raise ModelError(f"{describe(self.node)}: reduction {self.reduction!r} is not one of {allowed}")
+            raise ModelError(f"reduction {self.reduction!r} is not one of {allowed}")
 
     def scatter(self, out, index, updates):
         if self.reduction == "none":
@@ -597,7 +597,7 @@ class ScatterND(Scatter):
         k = indices.shape[-1] if indices.shape else None
         if k is None or k > len(data.shape) or \
                 tuple(updates.shape) != tuple(indices.shape[:-1]) + tuple(data.shape[k:]):
-            raise ModelError(f"{describe(self.node)}: data {list(data.shape)}, indices "
+            raise ModelError(f"data {list(data.shape)}, indices "
                              f"{list(indices.shape)} and updates {list(updates.shape)} do not fit")
         self.dims = data.shape[:k]
         return [TensorInfo(data.shape, data.dtype)]
@@ -623,7 +623,7 @@ class ScatterElements(Scatter):
         self.axis_ = normalize_axis(self.node, self.axis, rank)
         if tuple(indices.shape) != tuple(updates.shape) or len(indices.shape) != rank or any(
                 i > d for a, (i, d) in enumerate(zip(indices.shape, data.shape)) if a != self.axis_):
-            raise ModelError(f"{describe(self.node)}: data {list(data.shape)}, indices "
+            raise ModelError(f"data {list(data.shape)}, indices "
                              f"{list(indices.shape)} and updates {list(updates.shape)} do not fit")
         self.dim = data.shape[self.axis_]
         # The position of every update along the axes other than `axis`.
