@@ -38,11 +38,14 @@ class SessionOptions:
         self.fuse_activations = True
         self.memory_aware_order = True
         self.release_weights = True  # madvise away the mapped pages of packed weights
+        # Compiler passes to skip, by name (nnrun.compiler.passes.SWITCHABLE); the five
+        # switches above are the same as naming their passes here.
+        self.disabled_passes = set()
         self.log_severity_level = 2
 
     def compile_options(self):
-        return CompileOptions(fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
-                              fuse_activations=self.fuse_activations,
+        return CompileOptions(self.disabled_passes, fold_constants=self.fold_constants,
+                              fold_batchnorm=self.fold_batchnorm, fuse_activations=self.fuse_activations,
                               memory_aware_order=self.memory_aware_order,
                               release_weights=self.release_weights)
 

@@ -1,45 +1,53 @@
 """PREPARE: turn a loaded Graph and concrete input shapes into a frozen Plan.
 
-The passes, in order, each switchable in `CompileOptions`:
-1. kernels looked up for every node; all unsupported ops reported at once;
-2. nodes put in topological order;
-3. Conv+BatchNormalization folding, activation fusion (rewrite.py);
-4. shape inference and constant folding in one walk: each kernel's shape rule
-   runs on concrete shapes, and a node whose inputs are all known runs now;
-5. dead steps dropped; each remaining kernel prepared (packing weights);
-6. a memory-aware order, lifetimes, arena offsets;
-7. mapped weights that nothing reads any more are released.
+`compile_graph` runs the passes of passes.PASSES in their order, each a function
+from one frozen stage (stages.py) to the next:
+
+    check_supported, capture_outer_values, topological_order   the graph as it may run
+    fold_batchnorm, fuse_activations                           rewrites (switchable)
+    infer_shapes (with fold_constants), drop_dead              what every value is
+    prepare_kernels                                            packing and scratch
+    memory_aware_order, lifetimes, assign_offsets              the arena
+    build_plan, release_weights                                the Plan; mapped pages back
 """
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import ops
-from ..errors import ModelError, NnrunError, UnsupportedOperatorError, node_label
+from ..errors import ModelError, UnsupportedOperatorError, located
 from ..ir import weight_array
 from ..loader.mapped import ExternalData
 from ..ops.registry import NeedsValueError, TensorInfo
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
-from .plan import ArenaSlot, Plan, Step
+from .passes import PassRunner
+from .plan import (ALIAS, ARENA, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaSlot, Plan,
+                   PlannedStep, ValueSlot, WeightRead)
 from .release import EagerRelease, kept_arrays, mapped_sources, release_unused
 from .rewrite import capture_outer_values, fold_batchnorm, fuse_activations
+from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
+                     frozen_map)
 
 FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this large...
 # ...or as large as the known inputs it was computed from; beyond that, folding
 # would trade a per-run computation for resident memory, which is not our trade.
 
 
-@dataclass(frozen=True)
 class CompileOptions:
-    fold_constants: bool = True
-    fold_batchnorm: bool = True
-    fuse_activations: bool = True
-    memory_aware_order: bool = True
-    release_weights: bool = True
+    """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
+
+    def __init__(self, disabled_passes=(), **switches):
+        disabled = set(disabled_passes)
+        for name, on in switches.items():
+            if not on:
+                disabled.add(name)
+        self.disabled_passes = frozenset(disabled)
+
+    def __repr__(self):
+        return f"CompileOptions(disabled_passes={sorted(self.disabled_passes)})"
 
 
 def default_opset(graph, domain):
@@ -49,6 +57,53 @@ def default_opset(graph, domain):
         return 21
     return 1
 
+
+def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
+    """Plan the graph for `feeds`: input name -> (shape tuple, numpy dtype).
+
+    `constants` (name -> array) are values known at PREPARE besides the graph's
+    initializers: a subgraph's captured outer-scope constants.
+    """
+    started = time.perf_counter()
+    run = PassRunner(options.disabled_passes)
+    run("check_supported", check_supported, graph)
+    sources = mapped_sources(graph)
+    released_before = sum(s.released_bytes for s in sources)
+    context = Context(graph, frozen_map(feeds), tuple(v.name for v in graph.outputs),
+                      EagerRelease(sources, run.enabled("release_weights")))
+    weights = dict(graph.initializers)
+    weights.update(constants or {})
+    nodes = NodeList(tuple(graph.nodes), frozen_map(weights))
+
+    nodes = run("capture_outer_values", lambda n: NodeList(tuple(capture_outer_values(n.nodes)), n.weights),
+                nodes)
+    nodes = run("topological_order", topological_order, nodes, context)
+    nodes = run("fold_batchnorm", fold_batchnorm_pass, nodes, context)
+    nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
+    shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"))
+    shaped = run("drop_dead", drop_dead, shaped, context)
+    prepared = run("prepare_kernels", prepare_kernels, shaped)
+    buffers = buffers_of(prepared, context)
+    order = run("memory_aware_order", memory_aware_order, prepared, buffers,
+                otherwise=lambda prepared, buffers: tuple(range(len(prepared.steps))))
+    spans = run("lifetimes", buffer_lifetimes, buffers, order)
+    placement = run("assign_offsets", place, order, spans, buffers)
+    plan = run("build_plan", build_plan, prepared, buffers, placement, context)
+
+    if run.enabled("release_weights"):
+        run("release_weights", lambda: release_unused(
+            sources, kept_arrays(plan.constants.values(), [s.kernel for s in plan.steps])))
+    stats = dict(plan.stats)
+    mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
+    stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)
+    stats["weights_packed_bytes"] = _packed_bytes(plan, nodes.weights, graph.initializers)
+    stats["weights_released_bytes"] = sum(s.released_bytes for s in sources) - released_before
+    stats["passes_ms"] = dict(run.ms)
+    stats["prepare_ms"] = (time.perf_counter() - started) * 1e3
+    return Plan(**{**plan.__dict__, "stats": stats})
+
+
+# --- the graph as it may run -----------------------------------------------------------------------
 
 def check_supported(graph):
     """Every (domain, op, opset) of the graph without a kernel, raised at once."""
@@ -61,52 +116,42 @@ def check_supported(graph):
         raise UnsupportedOperatorError(missing)
 
 
-def _fail(index, node, phase, error):
-    if isinstance(error, NnrunError):
-        message = str(error)
-        if node_label(index, node) in message:
-            return error
-        return type(error)(f"{node_label(index, node)} failed to {phase}: {message}")
-    return ModelError(f"{node_label(index, node)} failed to {phase}: "
-                      f"{type(error).__name__}: {error}")
+def topological_order(nodes, context):
+    available = set(nodes.weights) | set(context.feeds)
+    order = topological([n.inputs for n in nodes.nodes], [n.outputs for n in nodes.nodes], available)
+    return NodeList(tuple(nodes.nodes[i] for i in order), nodes.weights)
 
 
-def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
-    """Plan the graph for `feeds`: input name -> (shape tuple, numpy dtype).
+def fold_batchnorm_pass(nodes, context):
+    weights = dict(nodes.weights)
+    folded = fold_batchnorm(list(nodes.nodes), weights, set(context.outputs), context.release.copied)
+    return NodeList(tuple(folded), frozen_map(weights))
 
-    `constants` (name -> array) are values known at PREPARE besides the graph's
-    initializers: a subgraph's captured outer-scope constants.
+
+def fuse_activations_pass(nodes, context):
+    return NodeList(tuple(fuse_activations(list(nodes.nodes), nodes.weights, set(context.outputs))),
+                    nodes.weights)
+
+
+# --- what every value is ----------------------------------------------------------------------------
+
+def infer_shapes(nodes, context, fold):
+    """Each node's shape rule on concrete shapes, in order; with `fold`, known values computed now.
+
+    Folding runs inside this walk, node by node, because later shape rules need the
+    values it produces (a Reshape's shape computed from a Shape). A node whose shape
+    depends on a value known only per run becomes an eager step (outputs None).
     """
-    started = time.perf_counter()
-    check_supported(graph)
-    weights = dict(graph.initializers)
-    weights.update(constants or {})
-    graph_outputs = [v.name for v in graph.outputs]
-    output_set = set(graph_outputs)
-    available = set(weights) | set(feeds)
-    nodes = capture_outer_values(graph.nodes)
-    index_of = {id(n): i for i, n in enumerate(nodes)}
-    order = topological([n.inputs for n in nodes], [n.outputs for n in nodes], available)
-    nodes = [nodes[i] for i in order]
-
-    sources = mapped_sources(graph)
-    released_before = sum(s.released_bytes for s in sources)
-    eager = EagerRelease(sources, options.release_weights)
-    if options.fold_batchnorm:
-        nodes = fold_batchnorm(nodes, weights, output_set, eager.copied)
-    if options.fuse_activations:
-        nodes = fuse_activations(nodes, weights, output_set)
-
-    # 4. shape inference and constant folding
-    infos = {name: TensorInfo(tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in feeds.items()}
-    for name, w in weights.items():
+    graph = context.graph
+    infos = {name: TensorInfo(tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in context.feeds.items()}
+    for name, w in nodes.weights.items():
         infos[name] = TensorInfo(tuple(w.shape), np.dtype(w.dtype), weight_array(w))
-    steps = []  # (index, node, kernel, in_infos, out_infos); out_infos None: an eager step
+    steps = []
     dynamic = set()  # values whose shapes are known only when the model runs
-    for node in nodes:
-        index = index_of.get(id(node), -1)
-        version = default_opset(graph, node.domain)
+    for node in nodes.nodes:
+        pass_name = "infer_shapes"
         try:
+            version = default_opset(graph, node.domain)
             kernel = ops.lookup(node.domain, node.op_type, version)(node, version)
             in_infos = []
             for name in node.inputs:
@@ -116,71 +161,35 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
                     in_infos.append(infos[name])
                 else:
                     raise ModelError(f"input {name!r} is not known here")
-            if any(name in dynamic for name in node.inputs):
-                out_infos = None
-            else:
+            out_infos = None
+            if not any(name in dynamic for name in node.inputs):
                 try:
                     out_infos = list(kernel.infer(*in_infos))[:len(node.outputs)]
                 except NeedsValueError:
-                    out_infos = None
+                    pass
             if out_infos is None:
                 for name in node.outputs:
                     if name:
                         dynamic.add(name)
                         infos[name] = None
-                steps.append((index, node, kernel, in_infos, None))
+                steps.append(ShapedStep(node, kernel, tuple(in_infos), None))
                 continue
             if len(out_infos) < len([o for o in node.outputs if o]):
-                raise ModelError(f"the shape rule gave {len(out_infos)} outputs for "
-                                 f"{len(node.outputs)}")
-            if options.fold_constants and _foldable(kernel, in_infos, out_infos):
-                out_infos = _fold(kernel, in_infos, out_infos)
+                raise ModelError(f"the shape rule gave {len(out_infos)} outputs for {len(node.outputs)}")
+            if fold and _foldable(kernel, in_infos, out_infos):
+                pass_name = "fold_constants"
+                out_infos = fold_constants(kernel, in_infos, out_infos)
         except Exception as e:  # noqa: BLE001 - every failure must name the node
-            raise _fail(index, node, "prepare", e) from e
+            raise located(e, "PREPARE", pass_name, node) from e
         for name, info in zip(node.outputs, out_infos):
             if name:
                 infos[name] = info
         if not all(info.value is not None for name, info in zip(node.outputs, out_infos) if name):
-            steps.append((index, node, kernel, in_infos, out_infos))
-
-    for name in graph_outputs:
+            steps.append(ShapedStep(node, kernel, tuple(in_infos), tuple(out_infos)))
+    for name in context.outputs:
         if name not in infos:
             raise ModelError(f"graph output {name!r} is produced by no node")
-
-    # 5. drop dead steps, prepare the rest
-    needed = set(graph_outputs)
-    live_steps = []
-    for step in reversed(steps):
-        if any(o in needed for o in step[1].outputs if o):
-            live_steps.append(step)
-            needed.update(n for n in step[1].inputs if n)
-    live_steps.reverse()
-
-    scratch_specs = []
-    for index, node, kernel, in_infos, out_infos in live_steps:
-        if out_infos is None:
-            scratch_specs.append([])
-            continue
-        try:
-            spec = kernel.prepare(*in_infos) or []
-        except Exception as e:  # noqa: BLE001
-            raise _fail(index, node, "prepare", e) from e
-        scratch_specs.append([(tuple(s), np.dtype(d)) for s, d in spec])
-
-    plan = _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, options, eager)
-    stats_eager = sum(1 for s in plan.steps if s.eager)
-
-    stats = dict(plan.stats, eager_steps=stats_eager)
-    output_infos = tuple(None if infos[n] is None else (infos[n].shape, infos[n].dtype)
-                         for n in graph_outputs)
-    mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
-    stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)
-    stats["weights_packed_bytes"] = _packed_bytes(plan, weights, graph.initializers)
-    if options.release_weights:
-        release_unused(sources, kept_arrays(plan.constants.values(), [s.kernel for s in plan.steps]))
-    stats["weights_released_bytes"] = sum(s.released_bytes for s in sources) - released_before
-    stats["prepare_ms"] = (time.perf_counter() - started) * 1e3
-    return Plan(**{**plan.__dict__, "stats": stats, "output_infos": output_infos})
+    return Shaped(tuple(steps), frozen_map(infos))
 
 
 def _foldable(kernel, in_infos, out_infos):
@@ -194,7 +203,8 @@ def _foldable(kernel, in_infos, out_infos):
     return sum(o.nbytes for o in out_infos) <= budget
 
 
-def _fold(kernel, in_infos, out_infos):
+def fold_constants(kernel, in_infos, out_infos):
+    """The node's outputs computed now, from inputs all known at PREPARE."""
     values = [i.value if i is not None else None for i in in_infos]
     if len(out_infos) == 1 and out_infos[0].alias_of is not None:
         return [TensorInfo.of(values[out_infos[0].alias_of].reshape(out_infos[0].shape))]
@@ -208,10 +218,102 @@ def _fold(kernel, in_infos, out_infos):
     return [TensorInfo.of(o) for o in outs]
 
 
-def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, options, eager):
-    """Slots, order, lifetimes and offsets for the live steps."""
-    slots = {}
-    names = []
+def drop_dead(shaped, context):
+    """Only the steps some graph output depends on."""
+    needed = set(context.outputs)
+    live = []
+    for step in reversed(shaped.steps):
+        if any(o in needed for o in step.node.outputs if o):
+            live.append(step)
+            needed.update(n for n in step.node.inputs if n)
+    return Shaped(tuple(reversed(live)), shaped.infos)
+
+
+def prepare_kernels(shaped):
+    """Each kernel packs its constant inputs and sizes its scratch; eager steps prepare per run."""
+    steps = []
+    for step in shaped.steps:
+        scratch = ()
+        if step.outputs is not None:
+            try:
+                spec = step.kernel.prepare(*step.inputs) or []
+            except Exception as e:  # noqa: BLE001
+                raise located(e, "PREPARE", "prepare_kernels", step.node) from e
+            scratch = tuple((tuple(s), np.dtype(d)) for s, d in spec)
+        steps.append(PreparedStep(step.node, step.kernel, step.inputs, step.outputs, scratch))
+    return Prepared(tuple(steps), shaped.infos)
+
+
+# --- the arena ---------------------------------------------------------------------------------------
+
+def buffers_of(prepared, context):
+    """Which arena buffers each step reads and writes; a value's buffer is itself or an alias's source."""
+    output_set = set(context.outputs)
+    produced = {}  # value name -> step position
+    root = {}
+    fresh, dynamic = set(), set()
+    for pos, step in enumerate(prepared.steps):
+        if step.outputs is None:
+            dynamic.update(n for n in step.node.outputs if n)
+            produced.update((n, pos) for n in step.node.outputs if n)
+            continue
+        for name, info in zip(step.node.outputs, step.outputs):
+            if not name:
+                continue
+            produced[name] = pos
+            if info.alias_of is not None:
+                source = step.node.inputs[info.alias_of]
+                root[name] = root.get(source)
+            elif name in output_set:
+                fresh.add(name)
+            else:
+                root[name] = name
+    reads, writes, scratch_names, sizes = [], [], [], {}
+    for pos, step in enumerate(prepared.steps):
+        reads.append(tuple(root[n] for n in step.node.inputs if n and root.get(n)))
+        writes.append(tuple(n for n in step.node.outputs if n and root.get(n) == n))
+        names = tuple(f"{step.node.name or step.node.op_type}#{pos}/scratch{k}" for k in range(len(step.scratch)))
+        scratch_names.append(names)
+        for name, (shape, dtype) in zip(names, step.scratch):
+            sizes[name] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    for name, r in root.items():
+        if r == name:
+            sizes[name] = prepared.infos[name].nbytes
+    deps = tuple(frozenset(produced[n] for n in step.node.inputs if n in produced) for step in prepared.steps)
+    pinned = frozenset(root[n] for n in context.outputs if root.get(n))
+    return Buffers(tuple(reads), tuple(writes), tuple(scratch_names), frozen_map(sizes), pinned, deps,
+                   frozen_map(root), frozenset(fresh), frozenset(dynamic))
+
+
+def memory_aware_order(prepared, buffers):
+    scratch_bytes = [sum(buffers.sizes[s] for s in names) for names in buffers.scratch]
+    return tuple(memory_aware(list(buffers.deps), list(buffers.reads), list(buffers.writes), buffers.sizes,
+                              scratch_bytes, buffers.pinned))
+
+
+def buffer_lifetimes(buffers, order):
+    producers, readers = {}, {}
+    for pos, i in enumerate(order):
+        for b in buffers.writes[i]:
+            producers[b] = pos
+        for b in buffers.reads[i]:
+            readers.setdefault(b, []).append(pos)
+        for s in buffers.scratch[i]:
+            producers[s] = pos
+    return frozen_map(lifetimes(producers, readers, keep_to_end=buffers.pinned, n_steps=len(order)))
+
+
+def place(order, spans, buffers):
+    offsets, arena_bytes = assign_offsets(dict(spans), buffers.sizes)
+    return Placement(tuple(order), spans, frozen_map(offsets), arena_bytes)
+
+
+# --- the Plan ----------------------------------------------------------------------------------------
+
+def build_plan(prepared, buffers, placement, context):
+    """Slots for every value, the PlannedSteps in order, and the constants they read."""
+    infos = prepared.infos
+    slots, names = {}, []
 
     def slot(name):
         if name not in slots:
@@ -219,112 +321,104 @@ def _layout(graph, feeds, infos, live_steps, scratch_specs, graph_outputs, optio
             names.append(name)
         return slots[name]
 
-    constants = {}
-    feed_slots = {}
-    for name, (shape, dtype) in feeds.items():
-        feed_slots[name] = (slot(name), tuple(shape), np.dtype(dtype))
-
-    produced = {}  # value name -> step position
-    root = {}  # value name -> arena buffer name it lives in (itself, or an alias's source)
-    output_set = set(graph_outputs)
-    fresh_names = set()
-    dynamic_names = set()
-    for pos, (index, node, kernel, in_infos, out_infos) in enumerate(live_steps):
-        if out_infos is None:
-            dynamic_names.update(n for n in node.outputs if n)
-            produced.update((n, pos) for n in node.outputs if n)
-            continue
-        for name, info in zip(node.outputs, out_infos):
-            if not name:
-                continue
-            produced[name] = pos
-            if info.alias_of is not None:
-                source = node.inputs[info.alias_of]
-                root[name] = root.get(source, None) if source in root else None
-            elif name in output_set:
-                fresh_names.add(name)
-            else:
-                root[name] = name
-    for name, info in infos.items():
-        if info is not None and info.value is not None and name not in produced:
-            constants[name] = info.value
-
-    # Buffers each step reads and writes, in arena terms.
-    step_reads, step_writes = [], []
-    scratch_names = []
-    for pos, (index, node, kernel, in_infos, out_infos) in enumerate(live_steps):
-        reads = [root[n] for n in node.inputs if n and root.get(n)]
-        writes = [n for n in node.outputs if n and root.get(n) == n]
-        scratch = [f"{node.name or node.op_type}#{pos}/scratch{k}" for k in range(len(scratch_specs[pos]))]
-        scratch_names.append(scratch)
-        step_reads.append(reads)
-        step_writes.append(writes)
-    sizes = {}
-    for name, r in root.items():
-        if r == name:
-            sizes[name] = infos[name].nbytes
-    for pos, scratch in enumerate(scratch_names):
-        for name, (shape, dtype) in zip(scratch, scratch_specs[pos]):
-            sizes[name] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-
-    pinned = {root[n] for n in graph_outputs if root.get(n)}
-    scratch_bytes = [sum(sizes[s] for s in sc) for sc in scratch_names]
-    if options.memory_aware_order:
-        deps = [{produced[n] for n in node.inputs if n in produced} for _, node, *_ in live_steps]
-        order = memory_aware(deps, step_reads, step_writes, sizes, scratch_bytes, pinned)
-    else:
-        order = list(range(len(live_steps)))
-
-    producers, readers = {}, {}
-    for pos, i in enumerate(order):
-        for b in step_writes[i]:
-            producers[b] = pos
-        for b in step_reads[i]:
-            readers.setdefault(b, []).append(pos)
-        for s in scratch_names[i]:
-            producers[s] = pos
-    spans = lifetimes(producers, readers, keep_to_end=pinned, n_steps=len(order))
-    offsets, arena_bytes = assign_offsets(spans, sizes)
+    feed_slots = {name: (slot(name), tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in context.feeds.items()}
+    produced = {n for step in prepared.steps for n in step.node.outputs if n}
+    constants = {name: info.value for name, info in infos.items()
+                 if info is not None and info.value is not None and name not in produced}
 
     arena = []
-    for buf, offset in offsets.items():
+    for buf, offset in placement.offsets.items():
         if buf in infos:
-            info = infos[buf]
-            arena.append(ArenaSlot(slot(buf), offset, info.shape, info.dtype))
-    for pos, scratch in enumerate(scratch_names):
-        for name, (shape, dtype) in zip(scratch, scratch_specs[pos]):
-            arena.append(ArenaSlot(slot(name), offsets[name], shape, dtype))
+            arena.append(ArenaSlot(slot(buf), offset, infos[buf].shape, infos[buf].dtype))
+    for pos, scratch in enumerate(buffers.scratch):
+        for name, (shape, dtype) in zip(scratch, prepared.steps[pos].scratch):
+            arena.append(ArenaSlot(slot(name), placement.offsets[name], shape, dtype))
+
+    # The constants some step reads (packed ones too), aligned where the file left them unaligned.
+    const_values = {n: _aligned(constants[n], context.release)
+                    for n in dict.fromkeys(n for step in prepared.steps for n in step.node.inputs)
+                    if n in constants}
+
+    def value_slot(name, kind=None):
+        info = infos.get(name)
+        if kind is None:
+            if name in feed_slots:
+                kind = FEED
+            elif name in const_values:
+                kind = CONSTANT
+            elif name in buffers.dynamic:
+                kind = EAGER
+            elif name in buffers.fresh:
+                kind = FRESH
+            elif buffers.root.get(name) == name:
+                kind = ARENA
+            else:
+                kind = ALIAS
+        offset = placement.offsets.get(name, -1) if kind == ARENA else -1
+        return ValueSlot(slot(name), name, kind, None if info is None else tuple(info.shape),
+                         None if info is None else info.dtype, offset)
 
     steps = []
-    for i in order:
-        index, node, kernel, in_infos, out_infos = live_steps[i]
+    for i in placement.order:
+        step = prepared.steps[i]
+        node, kernel = step.node, step.kernel
         ins = tuple(-1 if (not n or k in kernel.packed) else slot(n) for k, n in enumerate(node.inputs))
         outs = tuple(slot(n) if n else -1 for n in node.outputs)
-        if out_infos is None:
-            steps.append(Step(index, node, kernel, ins, outs, eager=True))
+        input_values = tuple(value_slot(n) if n else None for n in node.inputs)
+        output_values = tuple(value_slot(n) if n else None for n in node.outputs)
+        weights = tuple(_weight_read(n, k, kernel, infos, const_values) for k, n in enumerate(node.inputs)
+                        if n and n in const_values)
+        common = dict(input_values=input_values, output_values=output_values, weights=weights)
+        if step.outputs is None:
+            steps.append(PlannedStep(node.index, node, kernel, ins, outs, eager=True, **common))
             continue
-        alias = out_infos[0].alias_of if len(out_infos) == 1 else None
-        steps.append(Step(index, node, kernel, ins, outs,
-                          tuple(slot(s) for s in scratch_names[i]),
-                          alias_of=ins[alias] if alias is not None else -1,
-                          alias_shape=tuple(out_infos[0].shape) if alias is not None else ()))
-        for n in node.inputs:
-            if n and n in constants:
-                slot(n)
-    fresh = {slot(n): (infos[n].shape, infos[n].dtype) for n in fresh_names}
-    const_slots = {slots[n]: _aligned(v, eager) for n, v in constants.items() if n in slots}
-    for n in graph_outputs:
+        alias = step.outputs[0].alias_of if len(step.outputs) == 1 else None
+        scratch_slots = tuple(slot(s) for s in buffers.scratch[i])
+        steps.append(PlannedStep(
+            node.index, node, kernel, ins, outs, scratch_slots,
+            alias_of=ins[alias] if alias is not None else -1,
+            alias_shape=tuple(step.outputs[0].shape) if alias is not None else (),
+            scratch_bytes=sum(buffers.sizes[s] for s in buffers.scratch[i]), **common))
+
+    fresh = {slot(n): (infos[n].shape, infos[n].dtype) for n in buffers.fresh}
+    const_slots = {slots[n]: v for n, v in const_values.items() if n in slots}
+    for n in context.outputs:
         slot(n)
         if n in constants:
             const_slots[slots[n]] = constants[n]
-    outputs = tuple((n, slots[n]) for n in graph_outputs)
-    lb = lower_bound(spans, sizes)
-    dynamic_slots = frozenset(slots[n] for n in dynamic_names if n in slots)
+    outputs = tuple((n, slots[n]) for n in context.outputs)
+    dynamic_slots = frozenset(slots[n] for n in buffers.dynamic if n in slots)
+    output_infos = tuple(None if infos[n] is None else (infos[n].shape, infos[n].dtype) for n in context.outputs)
+    live = live_bytes(placement.spans, buffers.sizes, len(placement.order))
     return Plan(tuple(steps), tuple(names), const_slots, feed_slots, tuple(arena), fresh, outputs,
-                dynamic_slots, arena_bytes, lb, {"steps": len(steps)})
+                dynamic_slots, placement.arena_bytes, lower_bound(placement.spans, buffers.sizes),
+                {"steps": len(steps), "eager_steps": sum(1 for s in steps if s.eager)}, output_infos, live)
 
 
-def _aligned(value, eager):
+def live_bytes(spans, sizes, n_steps):
+    """Per step position: the bytes of the buffers live across it."""
+    delta = [0] * (n_steps + 2)
+    for buf, (first, last) in spans.items():
+        delta[first] += sizes[buf]
+        delta[min(last, n_steps) + 1] -= sizes[buf]
+    live, out = 0, []
+    for pos in range(n_steps):
+        live += delta[pos]
+        out.append(live)
+    return tuple(out)
+
+
+def _weight_read(name, k, kernel, infos, constants):
+    value = constants[name]
+    nbytes = infos[name].nbytes
+    if k in kernel.packed:
+        return WeightRead(name, nbytes, PACKED)
+    if isinstance(value, ExternalData):
+        return WeightRead(name, nbytes, MAPPED)
+    return WeightRead(name, nbytes, MEMORY)
+
+
+def _aligned(value, release):
     """The value itself, or an aligned copy when it lies unaligned in the file.
 
     A raw_data payload starts wherever protobuf put it; numpy hands an unaligned
@@ -334,7 +428,7 @@ def _aligned(value, eager):
     array = value.array() if isinstance(value, ExternalData) else value
     if isinstance(array, np.ndarray) and not array.flags.aligned:
         copy = np.array(array, copy=True)
-        eager.copied(array)
+        release.copied(array)
         return copy
     return value
 

@@ -1,0 +1,84 @@
+"""The passes of PREPARE, by name, and the runner that applies them.
+
+PREPARE is this list, run in order by `compile_graph`. Each pass is a function
+from one frozen stage (stages.py) to the next. A pass marked `switchable` can be
+turned off by name (`SessionOptions.disabled_passes`, `nnrun --disable-pass`), to
+bisect a wrong answer; the others are what makes a plan at all.
+
+The runner times each pass and puts the location in front of any error a pass
+raises: `PREPARE/fold_batchnorm: node 'bn3' (BatchNormalization, #41): ...`.
+"""
+
+import time
+from dataclasses import dataclass
+
+from ..errors import ModelError, located
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    switchable: bool
+    what: str  # what it does; when switchable, what happens instead when it is off
+
+
+PASSES = tuple(Pass(*p) for p in (
+    ("check_supported", False, "every op of the graph, subgraphs aside, has a kernel; all missing ones "
+                               "reported at once"),
+    ("capture_outer_values", False, "outer-scope values a subgraph reads become explicit node inputs"),
+    ("topological_order", False, "nodes in an order where every input is produced before it is read"),
+    ("fold_batchnorm", True, "Conv then BatchNormalization with constant parameters becomes one Conv"),
+    ("fuse_activations", True, "an activation after Conv, Gemm, MatMul or Add runs inside it"),
+    ("infer_shapes", False, "each node's shape rule on concrete shapes; a shape known only per run "
+                            "makes an eager step"),
+    ("fold_constants", True, "inside infer_shapes: a node whose inputs are all known runs at PREPARE "
+                             "(off: it runs every time, or eagerly if a shape depends on it)"),
+    ("drop_dead", False, "steps whose outputs nothing reads are dropped"),
+    ("prepare_kernels", False, "each kernel packs its constant inputs into its layout and sizes its scratch"),
+    ("memory_aware_order", True, "among the valid orders, one with a low peak of live bytes "
+                                 "(off: the topological order)"),
+    ("lifetimes", False, "each buffer's first and last step"),
+    ("assign_offsets", False, "an arena offset for every intermediate and scratch buffer"),
+    ("build_plan", False, "the frozen Plan: steps, slots, constants (unaligned payloads copied once)"),
+    ("release_weights", True, "mapped pages of weights no step reads any more are handed back "
+                              "(off: they stay mapped)"),
+))
+BY_NAME = {p.name: p for p in PASSES}
+SWITCHABLE = tuple(p.name for p in PASSES if p.switchable)
+
+
+def check_disabled(names):
+    """The set of pass names to skip; an unknown or required pass is a ModelError naming the choices."""
+    names = frozenset(names or ())
+    unknown = sorted(n for n in names if n not in BY_NAME)
+    if unknown:
+        raise ModelError(f"unknown passes {unknown}; the passes that can be turned off are "
+                         f"{list(SWITCHABLE)}")
+    required = sorted(n for n in names if not BY_NAME[n].switchable)
+    if required:
+        raise ModelError(f"passes {required} cannot be turned off: a plan needs them; the ones that "
+                         f"can are {list(SWITCHABLE)}")
+    return names
+
+
+class PassRunner:
+    """Runs passes by name: skips the disabled ones, times each, locates their errors."""
+
+    def __init__(self, disabled=frozenset()):
+        self.disabled = check_disabled(disabled)
+        self.ms = {}
+
+    def enabled(self, name):
+        return name not in self.disabled
+
+    def __call__(self, name, function, *args, otherwise=None):
+        """function(*args), or `otherwise(*args)` (by default the first argument) when disabled."""
+        if name in self.disabled:
+            return otherwise(*args) if otherwise is not None else args[0]
+        started = time.perf_counter()
+        try:
+            return function(*args)
+        except Exception as e:  # noqa: BLE001 - every failure must say where
+            raise located(e, "PREPARE", name) from e
+        finally:
+            self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - started) * 1e3
