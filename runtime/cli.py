@@ -56,6 +56,14 @@ def build_parser():
     for switch in ("fold-constants", "fold-batchnorm", "fuse-activations", "memory-aware-order",
                    "release-weights"):
         p.add_argument(f"--no-{switch}", action="store_true", help=f"turn off {switch.replace('-', ' ')}")
+    from .compiler.passes import SWITCHABLE
+
+    p.add_argument("--disable-pass", action="append", metavar="NAME", default=[],
+                   help=f"skip a compiler pass (repeatable): {', '.join(SWITCHABLE)}")
+    p.add_argument("--profile", metavar="OUT.json",
+                   help="write a Chrome trace of the timed runs (one event per step) and print the top ops")
+    p.add_argument("--memory-timeline", metavar="OUT.png",
+                   help="draw live arena and resident weight bytes per step (needs matplotlib)")
     return p
 
 
@@ -70,6 +78,8 @@ def main(argv=None):
                    "release_weights"):
         if getattr(args, "no_" + switch):
             setattr(options, switch, False)
+    options.disabled_passes = set(args.disable_pass)
+    options.enable_profiling = bool(args.profile)
     dims = {k: int(v) for k, v in parse_pairs(args.dim, "--dim").items()}
     files = parse_pairs(args.input, "--input")
     try:
@@ -87,6 +97,8 @@ def main(argv=None):
         for _ in range(args.warmup):
             sess.run(None, feeds)
         sess._recorder.discard_times("EXECUTE")
+        if sess._profiler is not None:
+            sess._profiler.discard_runs()
         outputs = None
         for _ in range(max(args.repeat, 1)):
             outputs = sess.run(None, feeds)
@@ -106,6 +118,24 @@ def main(argv=None):
         from .report import format_table
 
         print(format_table(report))
+    if args.profile:
+        from .executor.profile import format_top_ops
+
+        trace = sess._profiler.trace()
+        os.replace(sess.end_profiling(), args.profile)
+        print(f"\nprofile: {args.profile}", file=sys.stderr if args.report == "json" else sys.stdout)
+        if args.report == "table":
+            print(format_top_ops(trace))
+    if args.memory_timeline:
+        from .timeline import draw
+
+        try:
+            draw(sess.plan(), args.memory_timeline, title=os.path.basename(args.model))
+        except ImportError as e:
+            print(f"nnrun: {e}", file=sys.stderr)
+            return 2
+        print(f"memory timeline: {args.memory_timeline}",
+              file=sys.stderr if args.report == "json" else sys.stdout)
     return 0
 
 

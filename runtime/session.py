@@ -6,8 +6,10 @@ the first run with a new signature) and runs plans (EXECUTE), recording each
 phase's time and memory for `report()`.
 """
 
+import datetime
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from . import ops
 from .compiler.build import CompileOptions, compile_graph
 from .errors import InputError, NnrunError
 from .executor import Executor
+from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
 from .report import PhaseRecorder
 
@@ -41,6 +44,10 @@ class SessionOptions:
         # Compiler passes to skip, by name (nnrun.compiler.passes.SWITCHABLE); the five
         # switches above are the same as naming their passes here.
         self.disabled_passes = set()
+        # onnxruntime's profiling switches: a Chrome trace, one event per step, written by
+        # InferenceSession.end_profiling() to <prefix>_<date>_<time>.json.
+        self.enable_profiling = False
+        self.profile_file_prefix = "nnrun_profile"
         self.log_severity_level = 2
 
     def compile_options(self):
@@ -79,8 +86,12 @@ class InferenceSession:
         self._model_path = os.fspath(path_or_bytes) if is_path else None
         import_reader(model_format(path_or_bytes))  # its import cost is baseline, not MODEL_LOAD
         self._recorder.rebase()
+        self._profiler = Profiler() if self._options.enable_profiling else None
+        started = time.perf_counter_ns()
         with self._recorder.phase("MODEL_LOAD"):
             self._graph = load_model(path_or_bytes)
+        if self._profiler:
+            self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
         self._plans = {}  # signature -> (Plan, Executor)
         self._plan_lock = threading.Lock()
         self._last = None
@@ -110,8 +121,12 @@ class InferenceSession:
         signature = tuple((name, feeds[name].shape, feeds[name].dtype)
                           for name in (v.name for v in self._graph.inputs))
         executor = self._executor_for(signature)
+        profile = [] if self._profiler else None
+        started = time.perf_counter_ns()
         with self._threads(), self._recorder.phase("EXECUTE"):
-            results = executor.run(feeds)
+            results = executor.run(feeds, profile)
+        if profile is not None:
+            self._profiler.run(executor.plan, profile, started, time.perf_counter_ns())
         self._last = executor.plan
         self._last_outputs = {n: (list(a.shape), str(a.dtype)) for n, a in results.items()}
         if output_names is None:
@@ -137,8 +152,12 @@ class InferenceSession:
             found = self._plans.get(signature)
             if found is None:
                 feeds = {name: (shape, dtype) for name, shape, dtype in signature}
+                started = time.perf_counter_ns()
                 with self._recorder.phase("PREPARE"):
                     plan = compile_graph(self._graph, feeds, self._options.compile_options())
+                if self._profiler:
+                    self._profiler.phase("PREPARE", started, time.perf_counter_ns(),
+                                         passes_ms=plan.stats.get("passes_ms", {}))
                 found = self._plans[signature] = Executor(plan)
                 self._last = plan
         return found
@@ -172,6 +191,16 @@ class InferenceSession:
                                          f"{got} (shape {list(array.shape)})")
             feeds[name] = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         return feeds
+
+    # --- profiling, as onnxruntime
+    def end_profiling(self):
+        """Write the profile (a Chrome trace) and return its file name; "" when profiling is off."""
+        if self._profiler is None:
+            return ""
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        path = self._profiler.write(f"{self._options.profile_file_prefix}_{stamp}.json")
+        self._profiler = Profiler()  # as onnxruntime: a later end_profiling starts afresh
+        return path
 
     # --- reporting
     def report(self):

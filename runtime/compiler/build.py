@@ -24,8 +24,8 @@ from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
 from .passes import PassRunner
-from .plan import (ALIAS, ARENA, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaSlot, Plan,
-                   PlannedStep, ValueSlot, WeightRead)
+from .plan import (ALIAS, ARENA, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer, ArenaSlot,
+                   Plan, PlannedStep, ValueSlot, WeightRead)
 from .release import EagerRelease, kept_arrays, mapped_sources, release_unused
 from .rewrite import capture_outer_values, fold_batchnorm, fuse_activations
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
@@ -143,7 +143,8 @@ def infer_shapes(nodes, context, fold):
     depends on a value known only per run becomes an eager step (outputs None).
     """
     graph = context.graph
-    infos = {name: TensorInfo(tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in context.feeds.items()}
+    infos = {name: TensorInfo(tuple(shape), np.dtype(dtype))
+             for name, (shape, dtype) in context.feeds.items()}
     for name, w in nodes.weights.items():
         infos[name] = TensorInfo(tuple(w.shape), np.dtype(w.dtype), weight_array(w))
     steps = []
@@ -272,7 +273,8 @@ def buffers_of(prepared, context):
     for pos, step in enumerate(prepared.steps):
         reads.append(tuple(root[n] for n in step.node.inputs if n and root.get(n)))
         writes.append(tuple(n for n in step.node.outputs if n and root.get(n) == n))
-        names = tuple(f"{step.node.name or step.node.op_type}#{pos}/scratch{k}" for k in range(len(step.scratch)))
+        label = step.node.name or step.node.op_type
+        names = tuple(f"{label}#{pos}/scratch{k}" for k in range(len(step.scratch)))
         scratch_names.append(names)
         for name, (shape, dtype) in zip(names, step.scratch):
             sizes[name] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -321,7 +323,8 @@ def build_plan(prepared, buffers, placement, context):
             names.append(name)
         return slots[name]
 
-    feed_slots = {name: (slot(name), tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in context.feeds.items()}
+    feed_slots = {name: (slot(name), tuple(shape), np.dtype(dtype))
+                  for name, (shape, dtype) in context.feeds.items()}
     produced = {n for step in prepared.steps for n in step.node.outputs if n}
     constants = {name: info.value for name, info in infos.items()
                  if info is not None and info.value is not None and name not in produced}
@@ -388,11 +391,16 @@ def build_plan(prepared, buffers, placement, context):
             const_slots[slots[n]] = constants[n]
     outputs = tuple((n, slots[n]) for n in context.outputs)
     dynamic_slots = frozenset(slots[n] for n in buffers.dynamic if n in slots)
-    output_infos = tuple(None if infos[n] is None else (infos[n].shape, infos[n].dtype) for n in context.outputs)
+    output_infos = tuple(None if infos[n] is None else (infos[n].shape, infos[n].dtype)
+                         for n in context.outputs)
     live = live_bytes(placement.spans, buffers.sizes, len(placement.order))
+    arena_buffers = tuple(sorted((ArenaBuffer(b, offset, buffers.sizes[b], *placement.spans[b])
+                                  for b, offset in placement.offsets.items()),
+                                 key=lambda b: (b.offset, b.first)))
     return Plan(tuple(steps), tuple(names), const_slots, feed_slots, tuple(arena), fresh, outputs,
                 dynamic_slots, placement.arena_bytes, lower_bound(placement.spans, buffers.sizes),
-                {"steps": len(steps), "eager_steps": sum(1 for s in steps if s.eager)}, output_infos, live)
+                {"steps": len(steps), "eager_steps": sum(1 for s in steps if s.eager)}, output_infos, live,
+                arena_buffers)
 
 
 def live_bytes(spans, sizes, n_steps):

@@ -91,6 +91,16 @@ class ArenaSlot:
 
 
 @dataclass(frozen=True)
+class ArenaBuffer:
+    """A buffer of the arena and its life: steps [first, last] of the plan's order."""
+    name: str
+    offset: int
+    nbytes: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
 class Plan:
     steps: tuple  # PlannedStep, in execution order
     slot_names: tuple  # slot id -> value name (scratch slots get a synthetic name)
@@ -105,3 +115,4 @@ class Plan:
     stats: dict = field(default_factory=dict)  # weights mapped/packed/released bytes, steps, pass times
     output_infos: tuple = ()  # per graph output: (shape, dtype), or None when known only per run
     live_bytes: tuple = ()  # per step: arena bytes live while it runs (its scratch included)
+    buffers: tuple = ()  # ArenaBuffer, by offset

@@ -7,6 +7,7 @@ except what a kernel cannot avoid.
 """
 
 import threading
+import time
 
 import numpy as np
 
@@ -62,8 +63,11 @@ class Executor:
         with self._lock:
             self._free.clear()
 
-    def run(self, feeds):
-        """feeds: name -> array (validated by the caller). Returns {output name: array}."""
+    def run(self, feeds, profile=None):
+        """feeds: name -> array (validated by the caller). Returns {output name: array}.
+
+        `profile`, a list, gets `(position, start_ns, duration_ns)` appended for every step.
+        """
         plan = self.plan
         state = self._take()
         try:
@@ -74,7 +78,7 @@ class Executor:
                 env[slot] = np.empty(shape, dtype)
             # inf and NaN are values like any other here, as in onnxruntime: no warnings.
             with np.errstate(all="ignore"):
-                self._steps(env)
+                self._steps(env, profile)
             results = {}
             for name, slot in plan.outputs:
                 value = env[slot]
@@ -84,11 +88,14 @@ class Executor:
         finally:
             self._give(state)
 
-    def _steps(self, env):
+    def _steps(self, env, profile=None):
         trace, stop = self.trace, self.stop_after
+        clock = time.perf_counter_ns
         for position, step in enumerate(self.plan.steps):
             if stop is not None and position > stop:
                 break
+            if profile is not None:
+                started = clock()
             try:
                 if step.alias_of >= 0:
                     env[step.outputs[0]] = env[step.alias_of].reshape(step.alias_shape)
@@ -108,6 +115,8 @@ class Executor:
                         _store(result, outs, step)
             except Exception as e:  # noqa: BLE001 - every failure must name the node
                 raise located(e, "EXECUTE", None, step.node) from e
+            if profile is not None:
+                profile.append((position, started, clock() - started))
             if trace is not None:
                 trace(step, [env[o] if o >= 0 else None for o in step.outputs])
 
