@@ -365,6 +365,7 @@ def build_plan(prepared, buffers, placement, context):
     for i in placement.order:
         step = prepared.steps[i]
         node, kernel = step.node, step.kernel
+        kernel.freeze()
         ins = tuple(-1 if (not n or k in kernel.packed) else slot(n) for k, n in enumerate(node.inputs))
         outs = tuple(slot(n) if n else -1 for n in node.outputs)
         input_values = tuple(value_slot(n) if n else None for n in node.inputs)

@@ -289,7 +289,7 @@ class Recurrent(Kernel):
                    else projected[:, self.time(s, rev), d * block:(d + 1) * block]
                    for d, rev in enumerate(self.reverse)] for s in range(self.seq)]
         recurrent_t = self.recurrent_t if r is None else self.pack_recurrent(r)
-        self.steps(inputs, recurrent_t, self.masks(sequence_lens), initial_h, rest, outs, scratch[1:])
+        self.steps(inputs, recurrent_t, self.masks(sequence_lens), initial_h, rest, outs, scratch[1:], b)
 
     def time(self, s, backwards):
         return self.seq - 1 - s if backwards else s
@@ -349,7 +349,7 @@ class RNN7(Recurrent):
     gates = 1
     default_activations = ("Tanh",)
 
-    def steps(self, inputs, recurrent_t, masks, initial_h, rest, outs, scratch):
+    def steps(self, inputs, recurrent_t, masks, initial_h, rest, outs, scratch, b):
         gates, h, h_new, _ = scratch
         (f,) = self.activations_of
         self.start(h, initial_h)
@@ -392,17 +392,14 @@ class GRU7(Recurrent):
         state = (len(self.reverse), self.batch, self.hidden)
         return [(len(self.reverse), self.batch, 2 * self.hidden), state, state, state, state]
 
-    def run(self, x, w, r, b=None, *rest, outs, scratch):
-        self.run_bias = self.candidate_bias if b is None else self.recurrent_bias(np.asarray(b))
-        super().run(x, w, r, b, *rest, outs=outs, scratch=scratch)
-
-    def steps(self, inputs, recurrent_t, masks, initial_h, rest, outs, scratch):
+    def steps(self, inputs, recurrent_t, masks, initial_h, rest, outs, scratch, b):
         update_reset, h, h_new, candidate, temp = scratch
         f, g = self.activations_of
         n = self.hidden
         r_gates, r_candidate = recurrent_t[..., :2 * n], recurrent_t[..., 2 * n:]
         z, reset = update_reset[..., :n], update_reset[..., n:]
-        rbh = self.run_bias
+        # Rbh: packed at PREPARE when B is a weight; a fed B gives its own at each run.
+        rbh = self.candidate_bias if b is None else self.recurrent_bias(np.asarray(b))
         self.start(h, initial_h)
         for s, xs in enumerate(inputs):
             np.matmul(h, r_gates, out=update_reset)
@@ -454,7 +451,7 @@ class LSTM7(Recurrent):
         state = (len(self.reverse), self.batch, self.hidden)
         return [(len(self.reverse), self.batch, 4 * self.hidden)] + [state] * 5
 
-    def steps(self, inputs, recurrent_t, masks, initial_h, rest, outs, scratch):
+    def steps(self, inputs, recurrent_t, masks, initial_h, rest, outs, scratch, b):
         gates, h, h_new, c, c_new, temp = scratch
         initial_c = rest[0] if rest else None
         peepholes = rest[1] if len(rest) > 1 else None

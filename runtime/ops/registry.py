@@ -26,6 +26,10 @@ A kernel object belongs to one node. Its life:
    the tuple of scratch arrays. A kernel that cannot write in place returns its
    results instead (an array, or a tuple for several outputs) and the executor
    copies them into `outs`.
+
+Once prepared, a kernel is frozen (`freeze`, called by the compiler): every run of
+its plan shares it, from any thread, so `run` keeps what it computes per run in
+locals; setting an attribute then raises.
 """
 
 from dataclasses import dataclass
@@ -82,6 +86,17 @@ class Kernel:
     attributes = {}
     foldable = True  # may run at PREPARE when every input is known
     packed = frozenset()
+    _frozen = False
+
+    def __setattr__(self, name, value):
+        if self._frozen:
+            raise AttributeError(f"{type(self).__name__} is prepared: every run of its plan shares it, "
+                                 f"so a run may not set {name!r}; keep per-run values in locals")
+        object.__setattr__(self, name, value)
+
+    def freeze(self):
+        """Called by the compiler once the kernel is prepared: from then on nothing may change it."""
+        object.__setattr__(self, "_frozen", True)
 
     def __init__(self, node, opset):
         self.node = node
