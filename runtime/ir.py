@@ -12,8 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from .loader.mapped import ExternalData
-
 
 @dataclass
 class ValueInfo:
@@ -54,22 +52,3 @@ class Graph:
     source: Any = None  # the MappedFile the graph came from, if any
     format: str = "onnx"
     path: str | None = None
-
-
-def weight_array(weight):
-    """The numpy array of a weight: a mapped view or the array itself."""
-    if isinstance(weight, ExternalData):
-        return weight.array()
-    return weight
-
-
-def weight_nbytes(weight):
-    return weight.nbytes
-
-
-def weight_dtype(weight):
-    return np.dtype(weight.dtype)
-
-
-def weight_shape(weight):
-    return tuple(weight.shape)

@@ -15,7 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from nnrun import ModelError
-from nnrun.ir import Graph, weight_array
+from nnrun.ir import Graph
+from nnrun.weights import weight_array
 from nnrun.loader import load_model
 from nnrun.loader import onnx as onnx_loader
 from nnrun.loader.mapped import ExternalData, MappedFile

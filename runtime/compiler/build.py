@@ -17,16 +17,15 @@ import numpy as np
 
 from .. import ops
 from ..errors import ModelError, UnsupportedOperatorError, located
-from ..ir import weight_array
-from ..loader.mapped import ExternalData
 from ..ops.registry import NeedsValueError, TensorInfo
+from ..weights import ExternalData, weight_array
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
 from .passes import PassRunner
 from .plan import (ALIAS, ARENA, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer, ArenaSlot,
                    Plan, PlannedStep, ValueSlot, WeightRead)
-from .release import EagerRelease, kept_arrays, mapped_sources, release_unused
+from .release import EagerRelease, mapped_weights, release_unused
 from .rewrite import capture_outer_values, fold_batchnorm, fuse_activations
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
                      frozen_map)
@@ -67,10 +66,11 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
     started = time.perf_counter()
     run = PassRunner(options.disabled_passes)
     run("check_supported", check_supported, graph)
-    sources = mapped_sources(graph)
+    weights_in_files = mapped_weights(graph)
+    sources = {id(w.source): w.source for w in weights_in_files}.values()
     released_before = sum(s.released_bytes for s in sources)
     context = Context(graph, frozen_map(feeds), tuple(v.name for v in graph.outputs),
-                      EagerRelease(sources, run.enabled("release_weights")))
+                      EagerRelease(run.enabled("release_weights")))
     weights = dict(graph.initializers)
     weights.update(constants or {})
     nodes = NodeList(tuple(graph.nodes), frozen_map(weights))
@@ -91,8 +91,7 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
     plan = run("build_plan", build_plan, prepared, buffers, placement, context)
 
     if run.enabled("release_weights"):
-        run("release_weights", lambda: release_unused(
-            sources, kept_arrays(plan.constants.values(), [s.kernel for s in plan.steps])))
+        run("release_weights", release_unused, weights_in_files, plan.mapped_weights)
     stats = dict(plan.stats)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
     stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)
@@ -146,7 +145,8 @@ def infer_shapes(nodes, context, fold):
     infos = {name: TensorInfo(tuple(shape), np.dtype(dtype))
              for name, (shape, dtype) in context.feeds.items()}
     for name, w in nodes.weights.items():
-        infos[name] = TensorInfo(tuple(w.shape), np.dtype(w.dtype), weight_array(w))
+        infos[name] = TensorInfo(tuple(w.shape), np.dtype(w.dtype), weight_array(w),
+                                 weight=w if isinstance(w, ExternalData) else None)
     steps = []
     dynamic = set()  # values whose shapes are known only when the model runs
     for node in nodes.nodes:
@@ -208,7 +208,9 @@ def fold_constants(kernel, in_infos, out_infos):
     """The node's outputs computed now, from inputs all known at PREPARE."""
     values = [i.value if i is not None else None for i in in_infos]
     if len(out_infos) == 1 and out_infos[0].alias_of is not None:
-        return [TensorInfo.of(values[out_infos[0].alias_of].reshape(out_infos[0].shape))]
+        source = in_infos[out_infos[0].alias_of]  # a view of the same bytes: of the same weight
+        view = values[out_infos[0].alias_of].reshape(out_infos[0].shape)
+        return [TensorInfo(view.shape, view.dtype, view, weight=source.weight)]
     scratch = [np.empty(s, d) for s, d in (kernel.prepare(*in_infos) or [])]
     args = [None if k in kernel.packed else v for k, v in enumerate(values)]
     outs = tuple(np.empty(o.shape, o.dtype) for o in out_infos)
@@ -337,10 +339,15 @@ def build_plan(prepared, buffers, placement, context):
         for name, (shape, dtype) in zip(scratch, prepared.steps[pos].scratch):
             arena.append(ArenaSlot(slot(name), placement.offsets[name], shape, dtype))
 
-    # The constants some step reads (packed ones too), aligned where the file left them unaligned.
-    const_values = {n: _aligned(constants[n], context.release)
-                    for n in dict.fromkeys(n for step in prepared.steps for n in step.node.inputs)
-                    if n in constants}
+    # The constants some step reads (packed ones too), aligned where the file left them unaligned;
+    # the weights whose mapped bytes they still view are the ones the plan keeps mapped.
+    const_values, kept = {}, {}
+    for n in dict.fromkeys(n for step in prepared.steps for n in step.node.inputs):
+        if n in constants:
+            weight = infos[n].weight
+            const_values[n], copied = _aligned(constants[n], weight, context.release)
+            if weight is not None and not copied:
+                kept[weight.id] = weight
 
     def value_slot(name, kind=None):
         info = infos.get(name)
@@ -370,7 +377,7 @@ def build_plan(prepared, buffers, placement, context):
         outs = tuple(slot(n) if n else -1 for n in node.outputs)
         input_values = tuple(value_slot(n) if n else None for n in node.inputs)
         output_values = tuple(value_slot(n) if n else None for n in node.outputs)
-        weights = tuple(_weight_read(n, k, kernel, infos, const_values) for k, n in enumerate(node.inputs)
+        weights = tuple(_weight_read(n, k, kernel, infos, kept) for k, n in enumerate(node.inputs)
                         if n and n in const_values)
         common = dict(input_values=input_values, output_values=output_values, weights=weights)
         if step.outputs is None:
@@ -401,7 +408,7 @@ def build_plan(prepared, buffers, placement, context):
     return Plan(tuple(steps), tuple(names), const_slots, feed_slots, tuple(arena), fresh, outputs,
                 dynamic_slots, placement.arena_bytes, lower_bound(placement.spans, buffers.sizes),
                 {"steps": len(steps), "eager_steps": sum(1 for s in steps if s.eager)}, output_infos, live,
-                arena_buffers)
+                arena_buffers, tuple(kept.values()))
 
 
 def live_bytes(spans, sizes, n_steps):
@@ -417,29 +424,32 @@ def live_bytes(spans, sizes, n_steps):
     return tuple(out)
 
 
-def _weight_read(name, k, kernel, infos, constants):
-    value = constants[name]
-    nbytes = infos[name].nbytes
+def _weight_read(name, k, kernel, infos, kept):
+    """What step input `k`, the constant `name`, reads: the weight's id in the file when it has one."""
+    info = infos[name]
+    weight_id = info.weight.id if info.weight is not None else -1
     if k in kernel.packed:
-        return WeightRead(name, nbytes, PACKED)
-    if isinstance(value, ExternalData):
-        return WeightRead(name, nbytes, MAPPED)
-    return WeightRead(name, nbytes, MEMORY)
+        where = PACKED
+    elif weight_id in kept:
+        where = MAPPED
+    else:
+        where = MEMORY
+    return WeightRead(name, info.nbytes, where, weight_id)
 
 
-def _aligned(value, release):
-    """The value itself, or an aligned copy when it lies unaligned in the file.
+def _aligned(value, weight, release):
+    """(the value itself, False), or (an aligned copy, True) when it lies unaligned in the file.
 
     A raw_data payload starts wherever protobuf put it; numpy hands an unaligned
     operand to BLAS only after copying it, on every call. Copying it once here
-    is packing like any other: the mapped pages are then released.
+    is packing like any other: the mapped pages of `weight` are then released.
     """
     array = value.array() if isinstance(value, ExternalData) else value
     if isinstance(array, np.ndarray) and not array.flags.aligned:
         copy = np.array(array, copy=True)
-        release.copied(array)
-        return copy
-    return value
+        release.copied(weight)
+        return copy, True
+    return value, False
 
 
 def _packed_bytes(plan, weights, initializers):

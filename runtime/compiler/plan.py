@@ -48,9 +48,10 @@ class ValueSlot:
 
 @dataclass(frozen=True)
 class WeightRead:
-    name: str  # the weight's name in the graph (a packed weight: the name of its source)
+    name: str  # the value's name in the graph (a packed weight: the name of its source)
     nbytes: int
     where: str  # MAPPED, PACKED or MEMORY
+    id: int = -1  # the loader's id of the weight in the file it comes from; -1: none (made at PREPARE)
 
 
 @dataclass(frozen=True)
@@ -116,3 +117,4 @@ class Plan:
     output_infos: tuple = ()  # per graph output: (shape, dtype), or None when known only per run
     live_bytes: tuple = ()  # per step: arena bytes live while it runs (its scratch included)
     buffers: tuple = ()  # ArenaBuffer, by offset
+    mapped_weights: tuple = ()  # the ExternalData whose mapped bytes the steps read at run time

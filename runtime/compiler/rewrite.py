@@ -7,7 +7,8 @@ The loader's Graph is never mutated. Each can be switched off in SessionOptions.
 
 import numpy as np
 
-from ..ir import Graph, Node, weight_array
+from ..ir import Graph, Node
+from ..weights import weight_array
 from ..ops.activation import FUSABLE
 
 
@@ -24,7 +25,7 @@ def _single_use(name, users, graph_outputs):
     return len(users.get(name, ())) == 1 and name not in graph_outputs
 
 
-def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda array: None):
+def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None):
     """Conv -> BatchNormalization (inference, constant parameters) becomes one Conv.
 
     W' = W * scale / sqrt(var + eps) per output channel, B' = (B - mean) * that + bias.
@@ -62,7 +63,7 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda array: None):
         new_w = (w * factor.reshape((-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)).astype(w.dtype)
         new_b = ((b - mean) * factor + bias).astype(w.dtype)
         if len(users.get(conv.inputs[1], ())) == 1:
-            copied(w)
+            copied(weights[conv.inputs[1]])
         base = conv.name or conv.outputs[0]
         w_name, b_name = f"{base}/bn_folded_weight", f"{base}/bn_folded_bias"
         weights[w_name] = new_w

@@ -1,10 +1,10 @@
-"""Mapped model files and the zero-copy weight views into them.
+"""Mapped model files.
 
 A `MappedFile` owns a read-only mmap of one file (or wraps caller-owned bytes).
-An `ExternalData` names one tensor inside it: offset, byte length, dtype and
-shape. Nothing here reads a weight byte until `ExternalData.array()` is touched,
-and `MappedFile.release` hands the pages of packed weights back to the kernel
-(`madvise(MADV_DONTNEED)`), sparing pages that an unreleased weight still shares.
+An `ExternalData` (weights.py) names one tensor inside it. Nothing here reads a
+weight byte, and `MappedFile.release` hands the pages of packed weights back to
+the kernel (`madvise(MADV_DONTNEED)`), sparing pages that an unreleased weight
+still shares.
 """
 
 import bisect
@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 
 from ..errors import ModelError
+from ..weights import ExternalData, check_extent  # noqa: F401 - the loader's names for them
 
 PAGE_SIZE = mmap.PAGESIZE
 
@@ -160,62 +161,3 @@ def mapping_rss_bytes(address):
     except OSError:
         return None
     return None
-
-
-class ExternalData:
-    """One tensor's bytes inside a `MappedFile`: a zero-copy, read-only view on demand."""
-
-    __slots__ = ("source", "offset", "nbytes", "dtype", "shape", "name")
-
-    def __init__(self, source, offset, nbytes, dtype, shape, name=""):
-        self.source = source
-        self.offset = offset
-        self.nbytes = nbytes
-        self.dtype = np.dtype(dtype)
-        self.shape = tuple(shape)
-        self.name = name
-        check_extent(source, offset, nbytes, self.dtype, self.shape, name)
-        source.track(offset, nbytes)
-
-    def array(self):
-        """A read-only numpy view of the tensor; touching it pages the bytes in."""
-        count = self.nbytes // self.dtype.itemsize
-        flat = np.frombuffer(self.source.buffer, dtype=self.dtype.newbyteorder("<"),
-                             count=count, offset=self.offset)
-        if not self.dtype.isnative:
-            flat = flat.astype(self.dtype)
-        view = flat.reshape(self.shape)
-        view.flags.writeable = False
-        return view
-
-    def release(self):
-        """Hand this weight's pages back; returns the bytes dropped."""
-        return self.source.release(self.offset, self.nbytes)
-
-    def __repr__(self):
-        return (f"ExternalData({self.name!r}, offset={self.offset}, nbytes={self.nbytes}, "
-                f"dtype={self.dtype}, shape={self.shape})")
-
-
-def check_extent(source, offset, nbytes, dtype, shape, name):
-    """Validate a tensor's placement before any view is made of it."""
-    where = f"tensor {name!r}" if name else "tensor"
-    if offset < 0 or nbytes < 0:
-        raise ModelError(f"{where}: negative offset or length ({offset}, {nbytes})")
-    if offset + nbytes > source.size:
-        raise ModelError(f"{where}: data at byte offset {offset} with length {nbytes} "
-                         f"runs past the end of {source.path or 'the buffer'} ({source.size} bytes)")
-    count = 1
-    for d in shape:
-        if d < 0:
-            raise ModelError(f"{where}: negative dimension {d} in shape {list(shape)}")
-    if 0 in shape:  # empty, whatever the other dims say
-        count = 0
-    for d in shape:
-        count *= d
-        if count * dtype.itemsize > source.size:
-            raise ModelError(f"{where}: shape {list(shape)} claims more bytes than the file holds "
-                             f"({source.size})")
-    if count * dtype.itemsize != nbytes:
-        raise ModelError(f"{where}: shape {list(shape)} of {dtype} needs {count * dtype.itemsize} "
-                         f"bytes, the data holds {nbytes}")

@@ -24,6 +24,7 @@ against the file, dims against the byte length (before any allocation),
 external data locations against the model's directory.
 """
 
+import itertools
 import os
 import stat
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .. import ir
 from ..errors import ModelError
-from .mapped import ExternalData, MappedFile, check_extent
+from ..weights import ExternalData, check_extent, weight_array
+from .mapped import MappedFile
 from .protowire import length_delimited, length_delimited_header, scan_fields
 
 # The external_data key of the marker that replaces a stripped raw_data field.
@@ -307,6 +309,7 @@ class _Builder:
         self.real_base_dir = os.path.realpath(base_dir) if base_dir is not None else None
         self.raw_extents = raw_extents
         self.data_files = {}  # real path -> MappedFile, one mapping per data file per load
+        self.weight_ids = itertools.count()  # each ExternalData's id, in load order
         self.opsets = {}
         self.functions = {}
 
@@ -550,7 +553,7 @@ class _Builder:
         if dtype.kind == "O":
             raise ModelError(f"{what}: string tensors cannot keep their data in raw bytes")
         if bits is None:
-            return ExternalData(source, offset, nbytes, dtype, dims, name)
+            return ExternalData(source, offset, nbytes, dtype, dims, name, next(self.weight_ids))
         # Sub-byte types have no numpy layout to view: decode a copy (they are small).
         check_extent(source, offset, nbytes, np.dtype(np.uint8), (nbytes,), name)
         count = _element_count(dims, nbytes * 8 // bits + 8)
@@ -683,8 +686,8 @@ class _Builder:
     def _densify(self, sparse, name):
         """A sparse initializer as a dense read-only array (bounded by MAX_DENSE_BYTES)."""
         what = f"sparse initializer {name!r}"
-        values = ir.weight_array(self._tensor(sparse.values, name))
-        indices = ir.weight_array(self._tensor(sparse.indices, f"{name}.indices"))
+        values = weight_array(self._tensor(sparse.values, name))
+        indices = weight_array(self._tensor(sparse.indices, f"{name}.indices"))
         dims = tuple(sparse.dims)
         if any(d < 0 for d in dims) or len(dims) > MAX_RANK:
             raise ModelError(f"{what}: invalid shape {list(dims)}")

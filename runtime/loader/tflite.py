@@ -22,6 +22,7 @@ allows them, every operator input produced before it is used, constant dims
 matching their bytes.
 """
 
+import itertools
 import re
 import struct
 
@@ -31,7 +32,7 @@ from flatbuffers import number_types as N
 
 from .. import ir
 from ..errors import ModelError
-from .mapped import ExternalData
+from ..weights import ExternalData
 
 IDENTIFIER = b"TFL3"
 SCHEMA_VERSION = 3
@@ -333,6 +334,7 @@ class _Builder:
         self.source = source
         self.data = data
         self.path = path
+        self.weight_ids = itertools.count()  # each ExternalData's id, in load order
 
     def model(self):
         root = _Table(self.data, self.data.unpack(_U32, 0))
@@ -501,7 +503,7 @@ class _Builder:
                                  f"whole number of {dtype} values")
             shape = (nbytes // dtype.itemsize,)
         try:
-            return ExternalData(self.source, offset, nbytes, dtype, shape, name)
+            return ExternalData(self.source, offset, nbytes, dtype, shape, name, next(self.weight_ids))
         except ModelError as e:
             raise ModelError(f"{what} (buffer {buffer_index}): {e}") from None
 

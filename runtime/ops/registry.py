@@ -53,11 +53,16 @@ _registry = {}  # (domain, op_type) -> sorted list of (since, cls)
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """What the compiler knows of a value: shape, dtype, maybe its value."""
+    """What the compiler knows of a value: shape, dtype, maybe its value.
+
+    `weight` is the loader's ExternalData whose bytes `value` views (a weight, or a
+    folded reshape of one), so the plan knows which mapped weights it still reads.
+    """
     shape: tuple
     dtype: np.dtype
     value: np.ndarray | None = None
     alias_of: int | None = None
+    weight: object = None
 
     @property
     def nbytes(self):

@@ -18,7 +18,7 @@ import numpy as np
 from onnx import helper as onnx_helper
 
 from ..errors import ModelError
-from ..ir import weight_array
+from ..weights import weight_array
 from .registry import REQUIRED, Kernel, NeedsValueError, TensorInfo, register
 
 INT64 = np.dtype(np.int64)
