@@ -165,7 +165,7 @@ class Mod(Binary):
 
     def infer(self, a, b):
         if a.dtype.kind == "f" and not self.fmod:
-            raise ModelError(f"fmod must be 1 for floating-point inputs")
+            raise ModelError("fmod must be 1 for floating-point inputs")
         return super().infer(a, b)
 
     def run(self, a, b, *, outs, scratch):
@@ -230,7 +230,7 @@ class Variadic(Kernel):
 
     def infer(self, *inputs):
         if not inputs:
-            raise ModelError(f"needs at least one input")
+            raise ModelError("needs at least one input")
         check_same_dtype(self.node, *inputs)
         shape = broadcast_shape(self.node, *(i.shape for i in inputs))
         return [TensorInfo(shape, inputs[0].dtype)]
@@ -635,7 +635,7 @@ class Celu(ExponentialLinear):
 
     def decode(self):
         if self.alpha == 0:
-            raise ModelError(f"alpha must not be 0")
+            raise ModelError("alpha must not be 0")
         super().decode()
 
     def divisor(self):

@@ -583,7 +583,7 @@ class Upsample(ResizeCore):
 
     def scale_values(self, scales_input):
         if self.scales is None:
-            raise ModelError(f"attribute 'scales' is required")
+            raise ModelError("attribute 'scales' is required")
         return [F32(s) for s in self.scales]
 
     def geometry(self, x, scales_input=None):
@@ -597,7 +597,7 @@ class Upsample9(Upsample):
 
     def scale_values(self, scales_input):
         if scales_input is None:
-            raise ModelError(f"input 'scales' is required")
+            raise ModelError("input 'scales' is required")
         return float_list(self.node, scales_input, "scales")
 
 
@@ -624,7 +624,7 @@ class Resize11(ResizeCore):
         if sizes is not None:
             size_values = [int(v) for v in np.asarray(known_value(self.node, sizes, "sizes")).reshape(-1)]
         if scale_values and size_values:
-            raise ModelError(f"give either scales or sizes, not both")
+            raise ModelError("give either scales or sizes, not both")
         shape, per_axis = list(x.shape), [F32(1)] * rank
         if scale_values:
             if len(scale_values) != len(axes):
@@ -646,7 +646,7 @@ class Resize11(ResizeCore):
                     # round half up, as the spec's round_int
                     shape[a], per_axis[a] = int(np.floor(r * F32(x.shape[a]) + F32(0.5))), r
         else:
-            raise ModelError(f"one of scales and sizes must be given")
+            raise ModelError("one of scales and sizes must be given")
         box = None
         if self.coordinate_transformation_mode == "tf_crop_and_resize":
             values = float_list(self.node, roi, "roi") if roi is not None else None

@@ -250,7 +250,7 @@ class Unsqueeze(Alias):
     def out_shape(self, x, axes_input=None):
         axes = self.axes_of(axes_input)
         if axes is None:
-            raise ModelError(f"input 'axes' is required")
+            raise ModelError("input 'axes' is required")
         rank = len(x.shape) + len(axes)
         inserted = set(normalize_axes(self.node, axes, rank))
         dims = iter(x.shape)
@@ -281,7 +281,7 @@ class Constant(Kernel):
         name = given[0]
         raw = getattr(self, name)
         if name == "sparse_value":
-            raise ModelError(f"sparse_value is unsupported")
+            raise ModelError("sparse_value is unsupported")
         if name == "value":
             self.array = weight_array(raw)
         elif name == "value_float":
@@ -354,7 +354,7 @@ class Range(Kernel):
                   for info, what in ((start, "start"), (limit, "limit"), (delta, "delta"))]
         dtype = start.dtype
         if any(np.asarray(v).size != 1 for v in values) or limit.dtype != dtype or delta.dtype != dtype:
-            raise ModelError(f"start, limit and delta must be scalars of one type")
+            raise ModelError("start, limit and delta must be scalars of one type")
         first, limit_v, step = (np.asarray(v, dtype=dtype).reshape(()) for v in values)
         if step == 0 or not np.isfinite(float(step)):
             raise ModelError(f"delta is {step}")

@@ -70,7 +70,7 @@ class Concat(Kernel):
 
     def infer(self, *inputs):
         if not inputs or any(i is None for i in inputs):
-            raise ModelError(f"needs at least one input and no omitted ones")
+            raise ModelError("needs at least one input and no omitted ones")
         first = inputs[0]
         rank = len(first.shape)
         self.axis_ = normalize_axis(self.node, self.axis, rank)
@@ -147,7 +147,7 @@ class Split18(Split):
         sizes = int_list(self.node, split_input, "split")
         if sizes is not None:
             if self.num_outputs is not None:
-                raise ModelError(f"give either input 'split' or attribute "
+                raise ModelError("give either input 'split' or attribute "
                                  "'num_outputs', not both")
             return sizes
         if self.num_outputs is None:
@@ -215,7 +215,7 @@ class Slice10(Slice):
 
     def bounds(self, starts, ends, axes, steps):
         if starts is None or ends is None:
-            raise ModelError(f"inputs 'starts' and 'ends' are required")
+            raise ModelError("inputs 'starts' and 'ends' are required")
         return (int_list(self.node, starts, "starts"), int_list(self.node, ends, "ends"),
                 int_list(self.node, axes, "axes"), int_list(self.node, steps, "steps"))
 
@@ -465,7 +465,7 @@ class Pad11(Pad):
         rank = len(x.shape)
         given = int_list(self.node, pads, "pads")
         if given is None:
-            raise ModelError(f"input 'pads' is required")
+            raise ModelError("input 'pads' is required")
         fill = 0
         if constant_value is not None and constant_value.value is not None and constant_value.size:
             fill = constant_value.value.reshape(-1)[0]
@@ -513,7 +513,7 @@ class Trilu(Kernel):
         if k is not None:
             value = known_value(self.node, k, "k")
             if value.size != 1:
-                raise ModelError(f"k must be a scalar")
+                raise ModelError("k must be a scalar")
             diagonal = int(value.reshape(-1)[0])
         rows, cols = x.shape[-2:]
         offset = np.arange(cols)[None, :] - np.arange(rows)[:, None]
