@@ -19,7 +19,8 @@ class Profiler:
     def __init__(self):
         self.origin_ns = time.perf_counter_ns()
         self.pid = os.getpid()
-        self.events = []
+        self.events = []  # the phases' events
+        self._runs = []  # (plan, records, start_ns, end_ns, thread): made into events by trace()
         self._lock = threading.Lock()
 
     def _us(self, ns):
@@ -33,8 +34,12 @@ class Profiler:
                                 "dur": (end_ns - start_ns) / 1e3, "args": args})
 
     def run(self, plan, records, start_ns, end_ns):
-        """A run of `plan`: its EXECUTE event and one event per step of `records`."""
-        tid = threading.get_ident()
+        """A run of `plan`, kept as it is: its events are made only when the trace is asked for."""
+        with self._lock:
+            self._runs.append((plan, records, start_ns, end_ns, threading.get_ident()))
+
+    def _run_events(self, plan, records, start_ns, end_ns, tid):
+        """A run's EXECUTE event and one event per step of `records`."""
         events = [{"cat": "Session", "name": "EXECUTE", "ph": "X", "pid": self.pid, "tid": tid,
                    "ts": self._us(start_ns), "dur": (end_ns - start_ns) / 1e3, "args": {}}]
         for position, step_start, step_ns in records:
@@ -51,17 +56,21 @@ class Profiler:
                          "scratch_bytes": step.scratch_bytes,
                          "arena_live_bytes": plan.live_bytes[position] if plan.live_bytes else 0,
                          "eager": step.eager}})
-        with self._lock:
-            self.events.extend(events)
+        return events
 
     def discard_runs(self):
-        """Forget the runs recorded so far (warm-up runs); the phases before them stay."""
+        """Forget the runs recorded so far (warm-up runs); the phases stay."""
         with self._lock:
-            self.events = [e for e in self.events if e["cat"] == "Session" and e["name"] != "EXECUTE"]
+            self._runs.clear()
 
     def trace(self):
         with self._lock:
-            return {"traceEvents": list(self.events), "displayTimeUnit": "ms"}
+            events = list(self.events)
+            runs = list(self._runs)
+        for run in runs:
+            events.extend(self._run_events(*run))
+        events.sort(key=lambda e: e["ts"])
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, path):
         with open(path, "w") as f:
