@@ -393,10 +393,12 @@ def build_plan(prepared, buffers, placement, context):
 
     fresh = {slot(n): (infos[n].shape, infos[n].dtype) for n in buffers.fresh}
     const_slots = {slots[n]: v for n, v in const_values.items() if n in slots}
-    for n in context.outputs:
+    for n in context.outputs:  # a graph output known at PREPARE is copied out of its slot per run
         slot(n)
         if n in constants:
             const_slots[slots[n]] = constants[n]
+            if infos[n].weight is not None:
+                kept[infos[n].weight.id] = infos[n].weight
     outputs = tuple((n, slots[n]) for n in context.outputs)
     dynamic_slots = frozenset(slots[n] for n in buffers.dynamic if n in slots)
     output_infos = tuple(None if infos[n] is None else (infos[n].shape, infos[n].dtype)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ..errors import ExecutionError, located, node_label
+from ..errors import ExecutionError, located
 from ..ops.registry import TensorInfo
 
 
@@ -112,7 +112,7 @@ class Executor:
                     result = step.kernel.run(*args, outs=outs,
                                              scratch=tuple(env[s] for s in step.scratch))
                     if result is not None:
-                        _store(result, outs, step)
+                        _store(result, outs)
             except Exception as e:  # noqa: BLE001 - every failure must name the node
                 raise located(e, "EXECUTE", None, step.node) from e
             if profile is not None:
@@ -140,19 +140,18 @@ def _run_eager(step, kernel, env):
     if result is not None:
         results = result if isinstance(result, (tuple, list)) else (result,)
         outs = tuple(np.asarray(r) if out is None else out for r, out in zip(results, outs))
-        _store(results, outs, step)
+        _store(results, outs)
     for o, out in zip(step.outputs, outs):
         if o >= 0:
             env[o] = out
 
 
-def _store(result, outs, step):
+def _store(result, outs):
     results = result if isinstance(result, (tuple, list)) else (result,)
     for out, value in zip(outs, results):
         if out is None or value is out:
             continue
         value = np.asarray(value)
         if value.shape != out.shape:
-            raise ExecutionError(f"EXECUTE: {node_label(step.node)}: the kernel returned shape "
-                                 f"{value.shape}, the plan expected {out.shape}")
+            raise ExecutionError(f"the kernel returned shape {value.shape}, the plan expected {out.shape}")
         np.copyto(out, value, casting="unsafe")

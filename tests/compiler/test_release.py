@@ -85,3 +85,16 @@ def test_ir_and_weights_sit_below_the_loader():
     for module in ("ir.py", "weights.py", "errors.py"):
         imported = {m.split(".")[0] for level, m in _imports(os.path.join(RUNTIME, module))}
         assert not imported & {"loader", "compiler", "executor", "ops", "session"}, (module, imported)
+
+
+def test_a_weight_that_is_a_graph_output_stays_mapped(tmp_path):
+    w = rng(0).standard_normal((64, 64)).astype(np.float32)
+    model = make_model([helper.make_node("Identity", ["w"], ["y"]), helper.make_node("Relu", ["x"], ["z"])],
+                       [("x", np.zeros((2,), np.float32))], [("y", None), ("z", None)], [("w", w)])
+    sess = nnrun.InferenceSession(saved(tmp_path, model))
+    file_ids = {w.name: w.id for w in mapped_weights(sess.graph)}
+    assert file_ids["w"] in {k.id for k in sess.plan().mapped_weights}
+    assert sess.report()["plan"]["weights_released_bytes"] == 0
+    x = rng(1).standard_normal(2).astype(np.float32)
+    for got, want in zip(sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})):
+        assert_close(got, want)
