@@ -165,7 +165,7 @@ def infer_shapes(nodes, context, fold):
             out_infos = None
             if not any(name in dynamic for name in node.inputs):
                 try:
-                    out_infos = list(kernel.infer(*in_infos))[:len(node.outputs)]
+                    out_infos = kernel.shape_rule(*in_infos)[:len(node.outputs)]
                 except NeedsValueError:
                     pass
             if out_infos is None:

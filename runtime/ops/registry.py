@@ -8,15 +8,18 @@ A kernel object belongs to one node. Its life:
 
 1. `__init__` decodes the node's attributes once, with the spec's defaults
    (class attribute `attributes`: name -> default, `REQUIRED` for none).
-2. `infer(*inputs)` is the shape rule: from `TensorInfo`s (shape, dtype, and
-   `value` when the input is known at PREPARE) it returns one `TensorInfo` per
-   output. It may fill `value` itself (Shape does), or set `alias_of=i` when the
+2. `infer(*inputs)` is the shape rule, a pure function: from `TensorInfo`s
+   (shape, dtype, and `value` when the input is known at PREPARE) it returns one
+   `TensorInfo` per output and changes nothing (`shape_rule` runs it sealed:
+   setting an attribute raises). It may fill `value` itself (Shape does), or set `alias_of=i` when the
    output is input i's buffer under a new shape (Reshape, Flatten, Squeeze...).
    Omitted optional inputs arrive as None. When the shape depends on an input's
    value and that value is unknown, infer raises `NeedsValueError`
    (`self.needs_value(name)`): the node then runs eagerly, its shapes inferred
    at each run from the actual inputs.
-3. `prepare(*inputs)` runs once the shapes are known. It may pack constant
+3. `prepare(*inputs)` runs once the shapes are known, with the same inputs as
+   `infer`. It keeps on `self` what `run` needs of them (a resolved axis, a
+   reshape of the operands), may pack constant
    inputs into the layout the kernel wants (keeping the packed arrays on `self`)
    and then lists their indices in `self.packed`: those inputs are not passed to
    `run` and their mapped pages may be released. It may ask for scratch buffers
@@ -91,17 +94,30 @@ class Kernel:
     attributes = {}
     foldable = True  # may run at PREPARE when every input is known
     packed = frozenset()
-    _frozen = False
+    _sealed = None  # None: open; "infer" while its shape rule runs; "frozen" once prepared
 
     def __setattr__(self, name, value):
-        if self._frozen:
+        if self._sealed == "frozen":
             raise AttributeError(f"{type(self).__name__} is prepared: every run of its plan shares it, "
                                  f"so a run may not set {name!r}; keep per-run values in locals")
+        if self._sealed == "infer":
+            raise AttributeError(f"{type(self).__name__}.infer is a shape rule and may not set {name!r}; "
+                                 f"keep what run needs in prepare")
         object.__setattr__(self, name, value)
+
+    def shape_rule(self, *inputs):
+        """`infer`, sealed: the output TensorInfos of these inputs, the kernel left as it was."""
+        if self._sealed == "frozen":
+            raise RuntimeError(f"{type(self).__name__} is prepared; its shape rule ran before")
+        object.__setattr__(self, "_sealed", "infer")
+        try:
+            return list(self.infer(*inputs))
+        finally:
+            object.__setattr__(self, "_sealed", None)
 
     def freeze(self):
         """Called by the compiler once the kernel is prepared: from then on nothing may change it."""
-        object.__setattr__(self, "_frozen", True)
+        object.__setattr__(self, "_sealed", "frozen")
 
     def __init__(self, node, opset):
         self.node = node
