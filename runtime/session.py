@@ -14,11 +14,11 @@ import time
 import numpy as np
 
 from . import ops
-from .compiler.build import CompileOptions, compile_graph
+from .compiler.build import CompileOptions
 from .errors import InputError, NnrunError
-from .executor import Executor
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
+from .plan_cache import PlanCache
 from .report import PhaseRecorder
 
 _ONNX_TYPE = {np.dtype(k): v for k, v in {
@@ -57,6 +57,27 @@ class SessionOptions:
                               release_weights=self.release_weights)
 
 
+class RunOptions:
+    """Per-run switches: onnxruntime's names, and nnrun's debugging knobs.
+
+    `trace`: a callable(step, outputs) called after each step with its PlannedStep (name,
+    op type, index, shapes, weights) and its output arrays. Those are arena views a later
+    step may overwrite: copy what you keep (`nnrun.debug.intermediates` does).
+    `stop_after`: a node name or a step position; the run ends after that step and
+    returns only graph outputs computed by then (asking for another is an InputError).
+    """
+
+    def __init__(self):
+        self.log_severity_level = 2
+        self.log_verbosity_level = 0
+        self.logid = ""
+        self.run_tag = ""
+        self.terminate = False
+        self.only_execute_path_to_fetches = False
+        self.trace = None
+        self.stop_after = None
+
+
 class NodeArg:
     """An input or output as onnxruntime describes it."""
 
@@ -67,6 +88,22 @@ class NodeArg:
 
     def __repr__(self):
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+def _stop_position(plan, stop_after):
+    """The step position a RunOptions.stop_after (node name or position) names, or None."""
+    if stop_after is None:
+        return None
+    if isinstance(stop_after, int):
+        if not 0 <= stop_after < len(plan.steps):
+            raise InputError(f"stop_after {stop_after} is not a step position (the plan has "
+                             f"{len(plan.steps)} steps)")
+        return stop_after
+    for position, step in enumerate(plan.steps):
+        if step.node.name == stop_after:
+            return position
+    raise InputError(f"stop_after {stop_after!r} names no step of the plan "
+                     f"(a node folded at PREPARE or not needed for the outputs has none)")
 
 
 def _type_name(dtype):
@@ -92,8 +129,9 @@ class InferenceSession:
             self._graph = load_model(path_or_bytes)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
-        self._plans = {}  # signature -> (Plan, Executor)
-        self._plan_lock = threading.Lock()
+        # Every plan of this session, the main graph's and its control-flow bodies'.
+        self._plans = PlanCache(self._options.compile_options())
+        self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
         self._last = None
         self._last_outputs = {}
         if all(v.is_static for v in self._graph.inputs):
@@ -122,19 +160,25 @@ class InferenceSession:
                           for name in (v.name for v in self._graph.inputs))
         executor = self._executor_for(signature)
         profile = [] if self._profiler else None
+        trace = getattr(run_options, "trace", None)
+        stop = _stop_position(executor.plan, getattr(run_options, "stop_after", None))
         started = time.perf_counter_ns()
         with self._threads(), self._recorder.phase("EXECUTE"):
-            results = executor.run(feeds, profile)
+            results = executor.run(feeds, profile, trace, stop)
         if profile is not None:
             self._profiler.run(executor.plan, profile, started, time.perf_counter_ns())
         self._last = executor.plan
         self._last_outputs = {n: (list(a.shape), str(a.dtype)) for n, a in results.items()}
+        outputs = [v.name for v in self._graph.outputs]
         if output_names is None:
-            return [results[v.name] for v in self._graph.outputs]
-        missing = [n for n in output_names if n not in results]
+            output_names = outputs
+        missing = [n for n in output_names if n not in outputs]
         if missing:
-            raise InputError(f"unknown output names {missing}; the model's outputs are "
-                             f"{[v.name for v in self._graph.outputs]}")
+            raise InputError(f"unknown output names {missing}; the model's outputs are {outputs}")
+        not_yet = [n for n in output_names if n not in results]
+        if not_yet:
+            raise InputError(f"outputs {not_yet} are computed after stop_after "
+                             f"{run_options.stop_after!r}")
         return [results[n] for n in output_names]
 
     def _threads(self):
@@ -148,18 +192,20 @@ class InferenceSession:
         return threadpool_limits(limits=n)
 
     def _executor_for(self, signature):
+        feeds = {name: (shape, dtype) for name, shape, dtype in signature}
+        found = self._plans.get(self._graph, feeds)
+        if found is not None:
+            return found
         with self._plan_lock:
-            found = self._plans.get(signature)
+            found = self._plans.get(self._graph, feeds)
             if found is None:
-                feeds = {name: (shape, dtype) for name, shape, dtype in signature}
                 started = time.perf_counter_ns()
                 with self._recorder.phase("PREPARE"):
-                    plan = compile_graph(self._graph, feeds, self._options.compile_options())
+                    found = self._plans.executor(self._graph, feeds)
                 if self._profiler:
                     self._profiler.phase("PREPARE", started, time.perf_counter_ns(),
-                                         passes_ms=plan.stats.get("passes_ms", {}))
-                found = self._plans[signature] = Executor(plan)
-                self._last = plan
+                                         passes_ms=found.plan.stats.get("passes_ms", {}))
+                self._last = found.plan
         return found
 
     def _check_feeds(self, input_feed):
@@ -192,6 +238,12 @@ class InferenceSession:
             feeds[name] = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         return feeds
 
+    def discard_warmup(self):
+        """Forget the EXECUTE timings and profiled runs so far (warm-up runs); memory figures stay."""
+        self._recorder.discard_times("EXECUTE")
+        if self._profiler is not None:
+            self._profiler.discard_runs()
+
     # --- profiling, as onnxruntime
     def end_profiling(self):
         """Write the profile (a Chrome trace) and return its file name; "" when profiling is off."""
@@ -223,7 +275,7 @@ class InferenceSession:
                 "weights_packed_bytes": stats.get("weights_packed_bytes", 0),
                 "weights_released_bytes": stats.get("weights_released_bytes", 0),
                 "steps": stats.get("steps", 0),
-                "plans": len(self._plans),
+                "plans": len(self._plans.plans(self._graph)),
             },
             "outputs": {n: {"shape": s, "dtype": d} for n, (s, d) in self._last_outputs.items()},
         }
@@ -238,7 +290,10 @@ class InferenceSession:
         """The Plan for a signature (default: the last one prepared or run)."""
         if signature is None:
             return self._last
-        return self._plans[signature].plan
+        found = self._plans.get(self._graph, {name: (shape, dtype) for name, shape, dtype in signature})
+        if found is None:
+            raise KeyError(f"no plan for {signature}")
+        return found.plan
 
 
-__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "NnrunError"]
+__all__ = ["InferenceSession", "SessionOptions", "RunOptions", "NodeArg", "NnrunError"]

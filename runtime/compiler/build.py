@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import ModelError, UnsupportedOperatorError, located
-from ..ops.registry import NeedsValueError, TensorInfo
+from ..ops.registry import NeedsValueError, TensorInfo, instantiate
 from ..weights import ExternalData, weight_array
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
@@ -57,11 +57,12 @@ def default_opset(graph, domain):
     return 1
 
 
-def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
+def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planner=None):
     """Plan the graph for `feeds`: input name -> (shape tuple, numpy dtype).
 
     `constants` (name -> array) are values known at PREPARE besides the graph's
-    initializers: a subgraph's captured outer-scope constants.
+    initializers: a subgraph's captured outer-scope constants. `planner` plans the
+    bodies of control-flow nodes (a plan_cache.PlanCache; see ops/control.py).
     """
     started = time.perf_counter()
     run = PassRunner(options.disabled_passes)
@@ -70,7 +71,7 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None):
     sources = {id(w.source): w.source for w in weights_in_files}.values()
     released_before = sum(s.released_bytes for s in sources)
     context = Context(graph, frozen_map(feeds), tuple(v.name for v in graph.outputs),
-                      EagerRelease(run.enabled("release_weights")))
+                      EagerRelease(run.enabled("release_weights")), planner)
     weights = dict(graph.initializers)
     weights.update(constants or {})
     nodes = NodeList(tuple(graph.nodes), frozen_map(weights))
@@ -153,7 +154,8 @@ def infer_shapes(nodes, context, fold):
         pass_name = "infer_shapes"
         try:
             version = default_opset(graph, node.domain)
-            kernel = ops.lookup(node.domain, node.op_type, version)(node, version)
+            kernel = instantiate(ops.lookup(node.domain, node.op_type, version), node, version,
+                                 context.planner)
             in_infos = []
             for name in node.inputs:
                 if not name:

@@ -17,11 +17,13 @@ def frozen_map(mapping):
 
 @dataclass(frozen=True)
 class Context:
-    """What every pass may read: the graph, the feeds' shapes and types, the graph's outputs."""
+    """What every pass may read: the graph, the feeds' shapes and types, the graph's outputs,
+    and the services passes use (weight release, the planner of control-flow bodies)."""
     graph: object  # ir.Graph
     feeds: MappingProxyType  # input name -> (shape tuple, numpy dtype)
     outputs: tuple  # graph output names, in order
     release: object  # release.EagerRelease: told of each mapped weight a pass copies
+    planner: object = None  # plans control-flow bodies (plan_cache.PlanCache)
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,10 @@ class ArenaState:
 class Executor:
     """Runs a Plan; thread-safe: concurrent runs take different ArenaStates."""
 
-    def __init__(self, plan, trace=None, stop_after=None):
+    def __init__(self, plan):
         self.plan = plan
-        self.trace = trace  # callable(step, outputs) after each step: a debugging knob
-        self.stop_after = stop_after  # run only steps [0, stop_after]
+        # slot -> position of the step that writes it (feeds and constants: none)
+        self._producer = {slot: pos for pos, step in enumerate(plan.steps) for slot in step.outputs if slot >= 0}
         self._free = []
         self._lock = threading.Lock()
         # Kernels of eager steps, kept between runs (their caches, such as a body's plans,
@@ -57,16 +57,20 @@ class Executor:
             free = self._eager_kernels.setdefault(position, [])
             if free:
                 return free.pop()
-        return type(step.kernel)(step.node, step.kernel.opset)
+        return step.kernel.fresh()
 
     def release_arenas(self):
         with self._lock:
             self._free.clear()
 
-    def run(self, feeds, profile=None):
+    def run(self, feeds, profile=None, trace=None, stop_after=None):
         """feeds: name -> array (validated by the caller). Returns {output name: array}.
 
         `profile`, a list, gets `(position, start_ns, duration_ns)` appended for every step.
+        The debugging knobs: `trace(step, outputs)` is called after each step with the
+        PlannedStep and its output arrays (views the run may overwrite later: copy what
+        you keep); `stop_after`, a step position, ends the run after that step, and the
+        results then hold only the graph outputs computed by then.
         """
         plan = self.plan
         state = self._take()
@@ -78,9 +82,11 @@ class Executor:
                 env[slot] = np.empty(shape, dtype)
             # inf and NaN are values like any other here, as in onnxruntime: no warnings.
             with np.errstate(all="ignore"):
-                self._steps(env, profile)
+                self._steps(env, profile, trace, stop_after)
             results = {}
             for name, slot in plan.outputs:
+                if stop_after is not None and self._producer.get(slot, -1) > stop_after:
+                    continue
                 value = env[slot]
                 owned = slot in plan.fresh or slot in plan.dynamic
                 results[name] = value if owned else np.array(value, copy=True)
@@ -88,8 +94,7 @@ class Executor:
         finally:
             self._give(state)
 
-    def _steps(self, env, profile=None):
-        trace, stop = self.trace, self.stop_after
+    def _steps(self, env, profile, trace, stop):
         clock = time.perf_counter_ns
         for position, step in enumerate(self.plan.steps):
             if stop is not None and position > stop:

@@ -1,14 +1,20 @@
 """Control flow: If, Loop and Scan, whose bodies are subgraphs.
 
-A body is planned like the main graph (its own arena, folding, order) by the
-compiler, once per signature of what it is fed, and run by its own executor.
+A body is planned like the main graph (its own arena, folding, order), once per
+signature of what it is fed, by the planner PREPARE hands these kernels when it
+makes them (the session's plan cache): they never import the compiler or the
+executor. A planner has one method,
+
+    planner.executor(graph, feeds, constants, body=True) -> an executor
+
+where `feeds` maps input name -> (shape, dtype), `constants` name -> array, and
+the executor has `plan` (a frozen Plan) and `run(feeds) -> {output name: array}`.
+
 Values the body reads from the outer scope arrive as extra node inputs (the
 compiler appends them and names them in `_captured`). Small integer captured
-values are planned as constants, so shape arithmetic on them folds inside the
-body; everything else is fed.
+values known at PREPARE are planned as constants, so shape arithmetic on them
+folds inside the body; everything else is fed.
 """
-
-import threading
 
 import numpy as np
 
@@ -20,53 +26,29 @@ CONSTANT_CAPTURE_LIMIT = 64
 
 
 class _Body:
-    """One subgraph: its plans by signature, and the opsets it inherits."""
+    """One subgraph, the opset it inherits, and the planner that plans it."""
 
-    def __init__(self, graph, opsets):
+    def __init__(self, graph, opset, planner):
         self.graph = graph
         if not graph.opsets:
-            graph.opsets = dict(opsets or {})
-        self._executors = {}
-        self._lock = threading.Lock()
-
-    @property
-    def input_names(self):
-        return [v.name for v in self.graph.inputs]
-
-    @property
-    def output_names(self):
-        return [v.name for v in self.graph.outputs]
+            graph.opsets = {"": opset}
+        self.planner = planner
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
 
     def executor(self, feeds, captured, constant_names):
-        """The Executor for feeds (name -> TensorInfo or array) and captured values.
+        """The executor for feeds (name -> TensorInfo or array) and captured values.
 
         Captured values named in `constant_names` are planned as constants.
         """
-        from ..compiler.build import CompileOptions, compile_graph
-        from ..executor import Executor
-
-        fed, constants, key = {}, {}, []
+        fed, constants = {}, {}
         for name, v in list(feeds.items()) + list(captured.items()):
             info = v if isinstance(v, TensorInfo) else TensorInfo.of(v)
-            value = info.value
-            if name in constant_names and value is not None:
-                constants[name] = np.asarray(value)
-                key.append((name, "=", constants[name].tobytes(), info.dtype.str,
-                            tuple(info.shape)))
+            if name in constant_names and info.value is not None:
+                constants[name] = np.asarray(info.value)
             else:
                 fed[name] = (tuple(info.shape), info.dtype)
-                key.append((name, tuple(info.shape), info.dtype.str))
-        key = tuple(key)
-        with self._lock:
-            found = self._executors.get(key)
-        if found is None:
-            # The body's weights belong to the model's mapping: leave their pages to
-            # the main plan's release.
-            plan = compile_graph(self.graph, fed, CompileOptions(release_weights=False), constants)
-            found = Executor(plan)
-            with self._lock:
-                self._executors[key] = found
-        return found
+        return self.planner.executor(self.graph, fed, constants, body=True)
 
     def output_infos(self, feeds, captured, constant_names):
         """(shape, dtype) of each body output for these feeds, or None where only a run can tell."""
@@ -86,30 +68,39 @@ def _small_int(value):
 
 class _ControlFlow(Kernel):
     foldable = False
+    uses_planner = True
+    body_attributes = ()
+
+    def __init__(self, node, opset, planner=None):
+        if planner is None:
+            raise RuntimeError(f"{node.op_type} plans its bodies through a planner; "
+                               f"compile it through a PlanCache")
+        self.planner = planner
+        super().__init__(node, opset)
+
+    def fresh(self):
+        return type(self)(self.node, self.opset, planner=self.planner)
 
     def decode(self):
         self.captured = list(self.node.attrs.get("_captured", []))
-        self.bodies = {}
-        self.constant_names = set()
-        self.runs_to_the_end = False
+        self.bodies = {attr: _Body(getattr(self, attr), self.opset, self.planner)
+                       for attr in self.body_attributes}
 
     def split(self, args):
         """(regular inputs, {captured name: value}) from the node's inputs."""
         n = len(args) - len(self.captured)
         return list(args[:n]), dict(zip(self.captured, args[n:]))
 
-    def split_infos(self, infos):
-        """Like split, for infer; also fixes which captured values the bodies take as constants:
-        the small integer ones known now (shape arithmetic inside the body then folds)."""
-        regular, captured = self.split(infos)
-        self.constant_names = {n for n, i in captured.items()
-                               if i is not None and i.value is not None and _small_int(i.value)}
-        return regular, captured
+    def constant_names_of(self, infos):
+        """The captured values the bodies take as constants: the small integer ones known now
+        (shape arithmetic inside the body then folds)."""
+        _, captured = self.split(infos)
+        return frozenset(n for n, i in captured.items()
+                         if i is not None and i.value is not None and _small_int(i.value))
 
-    def subgraph(self, attr):
-        if attr not in self.bodies:
-            self.bodies[attr] = _Body(getattr(self, attr), {"": self.opset})
-        return self.bodies[attr]
+    def prepare(self, *infos):
+        self.constant_names = self.constant_names_of(infos)
+        return []
 
 
 def _constant_output(plan, index):
@@ -129,16 +120,17 @@ def _same(infos_a, infos_b):
 @register("If", since=1)
 class If(_ControlFlow):
     attributes = {"then_branch": REQUIRED, "else_branch": REQUIRED}
+    body_attributes = ("then_branch", "else_branch")
 
     def infer(self, cond, *rest):
-        _, captured = self.split_infos((cond, *rest))
+        _, captured = self.split((cond, *rest))
+        constant_names = self.constant_names_of((cond, *rest))
         if cond.value is not None:
             branches = ["then_branch" if bool(np.asarray(cond.value).reshape(-1)[0]) else "else_branch"]
         else:
             branches = ["then_branch", "else_branch"]
         try:
-            results = [self.subgraph(b).output_infos({}, captured, self.constant_names)
-                       for b in branches]
+            results = [self.bodies[b].output_infos({}, captured, constant_names) for b in branches]
         except NnrunError:
             if len(branches) == 1:
                 raise
@@ -152,7 +144,7 @@ class If(_ControlFlow):
     def run(self, cond, *rest, outs, scratch):
         _, captured = self.split((cond, *rest))
         branch = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
-        return tuple(self.subgraph(branch).run({}, captured, self.constant_names))
+        return tuple(self.bodies[branch].run({}, captured, self.constant_names))
 
 
 @register("Loop", since=1)
@@ -160,35 +152,36 @@ class Loop(_ControlFlow):
     """Loop(M, cond, v_initial...) -> (v_final..., scan_outputs...)."""
 
     attributes = {"body": REQUIRED}
+    body_attributes = ("body",)
 
     def _feeds(self, iteration, carried, infos=False):
         # The body's cond input is always True when the body runs: it is planned as a
         # constant (see _captured), so a body that passes it through cannot stop early.
-        names = self.subgraph("body").input_names
+        names = self.bodies["body"].input_names
         values = [np.array(iteration, np.int64)] + list(carried)
         if infos:
             values = [TensorInfo.of(v) if isinstance(v, np.ndarray) else v for v in values]
         return dict(zip(names[:1] + names[2:], values))
 
-    def _captured(self, captured):
-        cond_name = self.subgraph("body").input_names[1]
-        return {**captured, cond_name: np.array(True)}, self.constant_names | {cond_name}
+    def _captured(self, captured, constant_names):
+        cond_name = self.bodies["body"].input_names[1]
+        return {**captured, cond_name: np.array(True)}, constant_names | {cond_name}
 
     def infer(self, m, cond, *rest):
-        regular, captured = self.split_infos((m, cond, *rest))
+        regular, captured = self.split((m, cond, *rest))
         carried = regular[2:]
-        body = self.subgraph("body")
+        body = self.bodies["body"]
         n_scan = len(body.output_names) - 1 - len(carried)
         plain = [TensorInfo(c.shape, c.dtype) for c in carried]
-        captured, constant_names = self._captured(captured)
+        captured, constant_names = self._captured(captured, self.constant_names_of((m, cond, *rest)))
         executor = body.executor(self._feeds(0, plain, infos=True), captured, constant_names)
         outs = executor.plan.output_infos
-        self.runs_to_the_end = _constant_output(executor.plan, 0) is True
+        runs_to_the_end = _constant_output(executor.plan, 0) is True
         carried_out = outs[1:1 + len(carried)]
         stable = _same(carried_out, [(c.shape, c.dtype) for c in carried])
         scan_infos = outs[1 + len(carried):]
         known = all(i is None or i.value is not None for i in regular[:2])
-        trips = self._trip_count(m, cond) if known else None
+        trips = self._trip_count(m, cond, runs_to_the_end) if known else None
         if stable and (not n_scan or trips is not None):
             return plain + [TensorInfo((trips, *shape), np.dtype(dtype))
                             for shape, dtype in scan_infos]
@@ -200,9 +193,10 @@ class Loop(_ControlFlow):
                                     for d in (o[1] if o else None for o in scan_infos)]
         self.needs_value("M" if m is not None and m.value is None else "cond")
 
-    def _trip_count(self, m, cond):
+    @staticmethod
+    def _trip_count(m, cond, runs_to_the_end):
         """Iterations known before running: M given and the body cannot stop early."""
-        if m is None or not self.runs_to_the_end:
+        if m is None or not runs_to_the_end:
             return None
         if cond is not None and not bool(np.asarray(cond.value).reshape(-1)[0]):
             return 0
@@ -210,9 +204,9 @@ class Loop(_ControlFlow):
 
     def run(self, m, cond, *rest, outs, scratch):
         regular, captured = self.split((m, cond, *rest))
-        captured, constant_names = self._captured(captured)
+        captured, constant_names = self._captured(captured, self.constant_names)
         carried = list(regular[2:])
-        body = self.subgraph("body")
+        body = self.bodies["body"]
         n_scan = len(body.output_names) - 1 - len(carried)
         limit = None if m is None else int(np.asarray(m).reshape(-1)[0])
         keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
@@ -243,6 +237,7 @@ class Scan(_ControlFlow):
     attributes = {"body": REQUIRED, "num_scan_inputs": REQUIRED, "scan_input_axes": None,
                   "scan_input_directions": None, "scan_output_axes": None,
                   "scan_output_directions": None}
+    body_attributes = ("body",)
 
     def _layout(self, regular):
         n_in = self.num_scan_inputs
@@ -253,18 +248,18 @@ class Scan(_ControlFlow):
         return states, scan_inputs, axes, directions
 
     def infer(self, *args):
-        regular, captured = self.split_infos(args)
+        regular, captured = self.split(args)
         states, scan_inputs, axes, _ = self._layout(regular)
         steps = {x.shape[a] for x, a in zip(scan_inputs, axes)}
         if len(steps) != 1:
             self.fail(f"scan inputs have different lengths {sorted(steps)} along their axes")
         (t,) = steps
-        body = self.subgraph("body")
+        body = self.bodies["body"]
         slices = [TensorInfo(tuple(d for k, d in enumerate(x.shape) if k != a), x.dtype)
                   for x, a in zip(scan_inputs, axes)]
         plain = [TensorInfo(s.shape, s.dtype) for s in states]
         feeds = dict(zip(body.input_names, plain + slices))
-        outs = body.output_infos(feeds, captured, self.constant_names)
+        outs = body.output_infos(feeds, captured, self.constant_names_of(args))
         if any(o is None for o in outs):
             self.needs_value(body.input_names[0])
         result = [TensorInfo(tuple(shape), np.dtype(dtype)) for shape, dtype in outs[:len(states)]]
@@ -277,7 +272,7 @@ class Scan(_ControlFlow):
     def run(self, *args, outs, scratch):
         regular, captured = self.split(args)
         states, scan_inputs, axes, directions = self._layout(regular)
-        body = self.subgraph("body")
+        body = self.bodies["body"]
         t = scan_inputs[0].shape[axes[0]] if scan_inputs else 0
         n_states = len(states)
         collected = [[] for _ in range(len(body.output_names) - n_states)]

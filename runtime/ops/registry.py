@@ -93,6 +93,7 @@ class Kernel:
 
     attributes = {}
     foldable = True  # may run at PREPARE when every input is known
+    uses_planner = False  # made with the planner of its bodies (control flow: see control.py)
     packed = frozenset()
     _sealed = None  # None: open; "infer" while its shape rule runs; "frozen" once prepared
 
@@ -135,6 +136,10 @@ class Kernel:
     def decode(self):
         """Check and normalise attributes once; raise ModelError when they are wrong."""
 
+    def fresh(self):
+        """An unprepared kernel for the same node, for a run that prepares its own (an eager step)."""
+        return type(self)(self.node, self.opset)
+
     def fail(self, message):
         """Raise a ModelError; the compiler or the executor puts the node's location in front."""
         raise ModelError(message)
@@ -165,6 +170,13 @@ def register(op_type, since=1, domain=""):
         return cls
 
     return wrap
+
+
+def instantiate(cls, node, opset, planner=None):
+    """A kernel of `cls` for `node`; one that plans bodies (`uses_planner`) gets `planner`."""
+    if cls.uses_planner:
+        return cls(node, opset, planner=planner)
+    return cls(node, opset)
 
 
 def lookup(domain, op_type, opset):

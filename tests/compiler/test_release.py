@@ -3,9 +3,6 @@ file weight has an id, a step's WeightRead names it, and release keeps exactly t
 plan reads as mapped bytes, by id, through folded reshapes of them too. Outputs are checked
 against onnxruntime."""
 
-import ast
-import os
-
 import numpy as np
 from oracle import assert_close, check_model, helper, make_model, rng, run_onnxruntime
 
@@ -13,8 +10,6 @@ import nnrun
 from nnrun.compiler.plan import MAPPED, MEMORY
 from nnrun.compiler.release import mapped_weights
 from nnrun.loader import load_model
-
-RUNTIME = os.path.join(os.path.dirname(__file__), "..", "..", "runtime")
 
 
 def saved(tmp_path, model):
@@ -70,21 +65,6 @@ def test_a_weight_folded_into_another_is_released_and_the_answer_holds(tmp_path)
     assert {w.where for s in plan.steps for w in s.weights} == {MEMORY}
     assert sess.report()["plan"]["weights_released_bytes"] >= w.nbytes - 2 * 4096
     check_model(model, {"x": rng(3).standard_normal((1, 32, 8, 8)).astype(np.float32)})
-
-
-def _imports(path):
-    tree = ast.parse(open(path).read())
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            found.add((node.level, node.module or ""))
-    return found
-
-
-def test_ir_and_weights_sit_below_the_loader():
-    for module in ("ir.py", "weights.py", "errors.py"):
-        imported = {m.split(".")[0] for level, m in _imports(os.path.join(RUNTIME, module))}
-        assert not imported & {"loader", "compiler", "executor", "ops", "session"}, (module, imported)
 
 
 def test_a_weight_that_is_a_graph_output_stays_mapped(tmp_path):
