@@ -13,10 +13,10 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # The session pulls in every op family; import it only when asked for.
-    if name in ("InferenceSession", "SessionOptions", "NodeArg"):
+    if name in ("InferenceSession", "SessionOptions", "RunOptions", "NodeArg"):
         from . import session
         return getattr(session, name)
-    if name == "backend":
+    if name in ("backend", "debug"):
         import importlib
-        return importlib.import_module(".backend", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'nnrun' has no attribute {name!r}")

@@ -39,6 +39,14 @@ def parse_pairs(items, what):
     return pairs
 
 
+def save_arrays(directory, arrays):
+    """Each array as DIRECTORY/NAME.npy, the name made safe for a file system."""
+    os.makedirs(directory, exist_ok=True)
+    for name, value in arrays.items():
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        np.save(os.path.join(directory, safe + ".npy"), value)
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="nnrun", description=__doc__)
     p.add_argument("--model", required=True, help="an .onnx or .tflite file")
@@ -64,6 +72,10 @@ def build_parser():
                    help="write a Chrome trace of the timed runs (one event per step) and print the top ops")
     p.add_argument("--memory-timeline", metavar="OUT.png",
                    help="draw live arena and resident weight bytes per step (needs matplotlib)")
+    p.add_argument("--dump-intermediates", metavar="DIR",
+                   help="after the timed runs, run once more and write every step's outputs as DIR/NAME.npy")
+    p.add_argument("--stop-after", metavar="NODE",
+                   help="with --dump-intermediates: end that run after this node (a name or a step position)")
     return p
 
 
@@ -96,21 +108,16 @@ def main(argv=None):
             raise nnrun.InputError(f"--input names {sorted(unknown)} are not inputs of the model")
         for _ in range(args.warmup):
             sess.run(None, feeds)
-        sess._recorder.discard_times("EXECUTE")
-        if sess._profiler is not None:
-            sess._profiler.discard_runs()
+        sess.discard_warmup()
         outputs = None
         for _ in range(max(args.repeat, 1)):
             outputs = sess.run(None, feeds)
+        report = sess.report()
     except nnrun.NnrunError as e:
         print(f"nnrun: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     if args.save_outputs:
-        os.makedirs(args.save_outputs, exist_ok=True)
-        for arg, value in zip(sess.get_outputs(), outputs):
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in arg.name)
-            np.save(os.path.join(args.save_outputs, safe + ".npy"), value)
-    report = sess.report()
+        save_arrays(args.save_outputs, {arg.name: value for arg, value in zip(sess.get_outputs(), outputs)})
     report["model"] = args.model
     if args.report == "json":
         print(json.dumps(report, indent=2))
@@ -121,8 +128,9 @@ def main(argv=None):
     if args.profile:
         from .executor.profile import format_top_ops
 
-        trace = sess._profiler.trace()
         os.replace(sess.end_profiling(), args.profile)
+        with open(args.profile) as f:
+            trace = json.load(f)
         print(f"\nprofile: {args.profile}", file=sys.stderr if args.report == "json" else sys.stdout)
         if args.report == "table":
             print(format_top_ops(trace))
@@ -135,6 +143,17 @@ def main(argv=None):
             print(f"nnrun: {e}", file=sys.stderr)
             return 2
         print(f"memory timeline: {args.memory_timeline}",
+              file=sys.stderr if args.report == "json" else sys.stdout)
+    if args.dump_intermediates:  # a run of its own, after the timed and profiled ones
+        stop = args.stop_after
+        try:
+            values = nnrun.debug.intermediates(sess, feeds, stop_after=int(stop) if stop and stop.isdigit()
+                                               else stop)
+        except nnrun.NnrunError as e:
+            print(f"nnrun: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        save_arrays(args.dump_intermediates, values)
+        print(f"intermediates: {len(values)} values in {args.dump_intermediates}",
               file=sys.stderr if args.report == "json" else sys.stdout)
     return 0
 

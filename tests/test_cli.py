@@ -69,3 +69,22 @@ def test_bad_model_is_a_clear_error(tmp_path):
     result = nnrun_cli("--model", str(bad))
     assert result.returncode == 2
     assert "ModelError" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dump_intermediates_until_a_node_match_onnxruntime(tmp_path):
+    from test_debug import X, conv_chain, with_outputs
+
+    from oracle import run_onnxruntime
+
+    model = conv_chain()
+    path = tmp_path / "chain.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.save(tmp_path / "x.npy", X["x"])
+    out = tmp_path / "values"
+    result = nnrun_cli("--model", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--repeat", "1",
+                       "--no-fuse-activations", "--dump-intermediates", str(out), "--stop-after", "relu")
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(out)) == ["c.npy", "r.npy"]
+    want = run_onnxruntime(with_outputs(model, ["c", "r"]), X)
+    assert_close(np.load(out / "c.npy"), want[1])
+    assert_close(np.load(out / "r.npy"), want[2])
