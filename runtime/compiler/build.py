@@ -7,7 +7,8 @@ from one frozen stage (stages.py) to the next:
     fold_batchnorm, fuse_activations                           rewrites (switchable)
     infer_shapes (with fold_constants), drop_dead              what every value is
     prepare_kernels                                            packing and scratch
-    memory_aware_order, lifetimes, assign_offsets              the arena
+    arena_buffers, memory_aware_order, lifetimes,
+    assign_offsets                                             the arena
     build_plan, release_weights                                the Plan; mapped pages back
 """
 
@@ -84,9 +85,9 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"))
     shaped = run("drop_dead", drop_dead, shaped, context)
     prepared = run("prepare_kernels", prepare_kernels, shaped)
-    buffers = buffers_of(prepared, context)
-    order = run("memory_aware_order", memory_aware_order, prepared, buffers,
-                otherwise=lambda prepared, buffers: tuple(range(len(prepared.steps))))
+    buffers = run("arena_buffers", arena_buffers, prepared, context)
+    order = run("memory_aware_order", memory_aware_order, buffers,
+                otherwise=lambda buffers: tuple(range(len(buffers.deps))))
     spans = run("lifetimes", buffer_lifetimes, buffers, order)
     placement = run("assign_offsets", place, order, spans, buffers)
     plan = run("build_plan", build_plan, prepared, buffers, placement, context)
@@ -251,7 +252,7 @@ def prepare_kernels(shaped):
 
 # --- the arena ---------------------------------------------------------------------------------------
 
-def buffers_of(prepared, context):
+def arena_buffers(prepared, context):
     """Which arena buffers each step reads and writes; a value's buffer is itself or an alias's source."""
     output_set = set(context.outputs)
     produced = {}  # value name -> step position
@@ -291,7 +292,7 @@ def buffers_of(prepared, context):
                    frozen_map(root), frozenset(fresh), frozenset(dynamic))
 
 
-def memory_aware_order(prepared, buffers):
+def memory_aware_order(buffers):
     scratch_bytes = [sum(buffers.sizes[s] for s in names) for names in buffers.scratch]
     return tuple(memory_aware(list(buffers.deps), list(buffers.reads), list(buffers.writes), buffers.sizes,
                               scratch_bytes, buffers.pinned))

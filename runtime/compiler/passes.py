@@ -35,6 +35,8 @@ PASSES = tuple(Pass(*p) for p in (
                              "(off: it runs every time, or eagerly if a shape depends on it)"),
     ("drop_dead", False, "steps whose outputs nothing reads are dropped"),
     ("prepare_kernels", False, "each kernel packs its constant inputs into its layout and sizes its scratch"),
+    ("arena_buffers", False, "which arena buffers each step reads and writes (a reshape's output shares "
+                             "its input's buffer; a graph output gets its own array)"),
     ("memory_aware_order", True, "among the valid orders, one with a low peak of live bytes "
                                  "(off: the topological order)"),
     ("lifetimes", False, "each buffer's first and last step"),

@@ -1,7 +1,7 @@
 """The frozen records PREPARE's passes hand each other, from the loaded nodes to the placed arena.
 
     Graph ─▶ NodeList ─(rewrites)─▶ NodeList ─infer_shapes─▶ Shaped ─prepare_kernels─▶ Prepared
-      ─▶ Buffers ─memory_aware_order─▶ order ─lifetimes─▶ spans ─assign_offsets─▶ Placement
+      ─arena_buffers─▶ Buffers ─memory_aware_order─▶ order ─lifetimes─▶ spans ─assign_offsets─▶ Placement
 
 A pass never changes the record it is given: it returns a new one. Mappings in
 them are read-only views.
