@@ -165,31 +165,33 @@ def infer_shapes(nodes, context, fold):
                     in_infos.append(infos[name])
                 else:
                     raise ModelError(f"input {name!r} is not known here")
-            out_infos = None
+            inferred = None
             if not any(name in dynamic for name in node.inputs):
                 try:
-                    out_infos = kernel.shape_rule(*in_infos)[:len(node.outputs)]
+                    inferred = kernel.shape_rule(*in_infos)
                 except NeedsValueError:
                     pass
-            if out_infos is None:
+            if inferred is None:
                 for name in node.outputs:
                     if name:
                         dynamic.add(name)
                         infos[name] = None
                 steps.append(ShapedStep(node, kernel, tuple(in_infos), None))
                 continue
+            out_infos = list(inferred)[:len(node.outputs)]
+            derived = frozen_map(inferred.derived)
             if len(out_infos) < len([o for o in node.outputs if o]):
                 raise ModelError(f"the shape rule gave {len(out_infos)} outputs for {len(node.outputs)}")
             if fold and _foldable(kernel, in_infos, out_infos):
                 pass_name = "fold_constants"
-                out_infos = fold_constants(kernel, in_infos, out_infos)
+                out_infos = fold_constants(kernel, derived, in_infos, out_infos)
         except Exception as e:  # noqa: BLE001 - every failure must name the node
             raise located(e, "PREPARE", pass_name, node) from e
         for name, info in zip(node.outputs, out_infos):
             if name:
                 infos[name] = info
         if not all(info.value is not None for name, info in zip(node.outputs, out_infos) if name):
-            steps.append(ShapedStep(node, kernel, tuple(in_infos), tuple(out_infos)))
+            steps.append(ShapedStep(node, kernel, tuple(in_infos), tuple(out_infos), derived))
     for name in context.outputs:
         if name not in infos:
             raise ModelError(f"graph output {name!r} is produced by no node")
@@ -207,14 +209,14 @@ def _foldable(kernel, in_infos, out_infos):
     return sum(o.nbytes for o in out_infos) <= budget
 
 
-def fold_constants(kernel, in_infos, out_infos):
+def fold_constants(kernel, derived, in_infos, out_infos):
     """The node's outputs computed now, from inputs all known at PREPARE."""
     values = [i.value if i is not None else None for i in in_infos]
     if len(out_infos) == 1 and out_infos[0].alias_of is not None:
         source = in_infos[out_infos[0].alias_of]  # a view of the same bytes: of the same weight
         view = values[out_infos[0].alias_of].reshape(out_infos[0].shape)
         return [TensorInfo(view.shape, view.dtype, view, weight=source.weight)]
-    scratch = [np.empty(s, d) for s, d in (kernel.prepare(*in_infos) or [])]
+    scratch = [np.empty(s, d) for s, d in kernel.ready(derived, *in_infos)]
     args = [None if k in kernel.packed else v for k, v in enumerate(values)]
     outs = tuple(np.empty(o.shape, o.dtype) for o in out_infos)
     result = kernel.run(*args, outs=outs, scratch=tuple(scratch))
@@ -242,11 +244,11 @@ def prepare_kernels(shaped):
         scratch = ()
         if step.outputs is not None:
             try:
-                spec = step.kernel.prepare(*step.inputs) or []
+                spec = step.kernel.ready(step.derived, *step.inputs)
             except Exception as e:  # noqa: BLE001
                 raise located(e, "PREPARE", "prepare_kernels", step.node) from e
             scratch = tuple((tuple(s), np.dtype(d)) for s, d in spec)
-        steps.append(PreparedStep(step.node, step.kernel, step.inputs, step.outputs, scratch))
+        steps.append(PreparedStep(step.node, step.kernel, step.inputs, step.outputs, step.derived, scratch))
     return Prepared(tuple(steps), shaped.infos)
 
 

@@ -7,7 +7,7 @@ A pass never changes the record it is given: it returns a new one. Mappings in
 them are read-only views.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 
@@ -39,6 +39,8 @@ class ShapedStep:
     kernel: object  # ops.Kernel
     inputs: tuple  # TensorInfo per input, None for an omitted one
     outputs: tuple | None  # TensorInfo per output; None: an eager step, shapes known per run
+    # what the shape rule worked out that run needs (ops.registry.Inferred.derived)
+    derived: MappingProxyType = field(default_factory=lambda: frozen_map({}))
 
 
 @dataclass(frozen=True)

@@ -134,8 +134,9 @@ def _run_eager(step, kernel, env):
     """
     args = [env[i] if i >= 0 else None for i in step.inputs]
     infos = [TensorInfo.of(a) if a is not None else None for a in args]
-    out_infos = kernel.shape_rule(*infos)[:len(step.outputs)]
-    scratch = tuple(np.empty(s, d) for s, d in (kernel.prepare(*infos) or []))
+    inferred = kernel.shape_rule(*infos)
+    out_infos = list(inferred)[:len(step.outputs)]
+    scratch = tuple(np.empty(s, d) for s, d in kernel.ready(inferred.derived, *infos))
     args = [None if k in kernel.packed else a for k, a in enumerate(args)]
     # A shape of None: known only once the kernel has run (a Loop's scan outputs);
     # the kernel then returns that output instead of writing it.

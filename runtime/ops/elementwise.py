@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelError
 from . import activation
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 
 def broadcast_shape(node, *shapes):
@@ -92,17 +92,16 @@ class Div(Binary):
     """Integer division truncates toward zero (C, ONNX); numpy's floor_divide rounds down."""
 
     def infer(self, a, b):
-        infos = super().infer(a, b)
         kind, size = a.dtype.kind, a.dtype.itemsize
         if kind not in "iu":
-            self.run = self.divide
+            divide = self.divide
         elif size <= 4:
-            self.run = self.divide_in_double
+            divide = self.divide_in_double
         elif kind == "u":
-            self.run = self.floor_divide
+            divide = self.floor_divide
         else:
-            self.run = self.truncate_divide
-        return infos
+            divide = self.truncate_divide
+        return Inferred(super().infer(a, b), run=divide)  # the chosen division is the kernel's run
 
     def divide(self, a, b, *, outs, scratch):
         np.divide(a, b, out=outs[0])
@@ -135,13 +134,13 @@ class Pow(Kernel):
     def infer(self, base, exponent):
         shape = broadcast_shape(self.node, base.shape, exponent.shape)
         if base.dtype.kind == "f":
-            self.loop = base.dtype
+            loop = base.dtype
         elif exponent.dtype.kind == "f":
             # An integer base to a real power: computed in double, truncated like C's cast.
-            self.loop = np.dtype(np.float64)
+            loop = np.dtype(np.float64)
         else:
-            self.loop = base.dtype
-        return [TensorInfo(shape, base.dtype)]
+            loop = base.dtype
+        return Inferred([TensorInfo(shape, base.dtype)], loop=loop)
 
     def run(self, base, exponent, *, outs, scratch):
         try:
@@ -202,8 +201,8 @@ class Where(Kernel):
             raise ModelError(f"the condition must be bool, "
                              f"got {condition.dtype}")
         shape = broadcast_shape(self.node, condition.shape, x.shape, y.shape)
-        self.bits = _BITS.get(x.dtype.itemsize) if x.dtype.kind in "biuf" else None
-        return [TensorInfo(shape, x.dtype)]
+        bits = _BITS.get(x.dtype.itemsize) if x.dtype.kind in "biuf" else None
+        return Inferred([TensorInfo(shape, x.dtype)], bits=bits)
 
     def prepare(self, condition, x, y):
         # The mask: all ones where the condition holds, of the condition's own (unbroadcast) shape.
@@ -255,13 +254,13 @@ class Extremum(Variadic):
 
     def infer(self, *inputs):
         infos = super().infer(*inputs)
-        self.scalar_bound = None
+        scalar_bound = None  # the index of a scalar input, the other of the output's shape
         if len(inputs) == 2 and inputs[0].dtype.kind in "iuf":
             for i, (this, other) in enumerate((inputs, inputs[::-1])):
                 if this.size == 1 and tuple(other.shape) == infos[0].shape:
-                    self.scalar_bound = i  # the index of the scalar
+                    scalar_bound = i
                     break
-        return infos
+        return Inferred(infos, scalar_bound=scalar_bound)
 
     def run(self, *inputs, outs, scratch):
         if self.scalar_bound is None:
@@ -459,11 +458,10 @@ def scipy_erf():
 @register("Erf", since=9)
 class Erf(Unary):
     def infer(self, x):
-        self.fast = x.dtype == np.float32
-        self.temporaries = 2 if self.fast else 0
-        if not self.fast:
-            self.ufunc = scipy_erf()
-        return super().infer(x)
+        fast = x.dtype == np.float32
+        if fast:
+            return Inferred(super().infer(x), fast=True, temporaries=2)
+        return Inferred(super().infer(x), fast=False, temporaries=0, ufunc=scipy_erf())
 
     def apply(self, x, out, temps):
         if self.fast:
@@ -482,12 +480,12 @@ class Gelu(Unary):
                              f"got {self.approximate!r}")
 
     def infer(self, x):
-        self.fast = x.dtype == np.float32
-        if self.approximate == "none":
-            self.temporaries = 2 if self.fast else 0
-            if not self.fast:
-                self.erf = scipy_erf()
-        return super().infer(x)
+        fast = x.dtype == np.float32
+        if self.approximate != "none":
+            return Inferred(super().infer(x), fast=fast)
+        if fast:
+            return Inferred(super().infer(x), fast=True, temporaries=2)
+        return Inferred(super().infer(x), fast=False, temporaries=0, erf=scipy_erf())
 
     def apply(self, x, out, temps):
         if self.approximate == "tanh":

@@ -11,19 +11,22 @@ A kernel object belongs to one node. Its life:
 2. `infer(*inputs)` is the shape rule, a pure function: from `TensorInfo`s
    (shape, dtype, and `value` when the input is known at PREPARE) it returns one
    `TensorInfo` per output and changes nothing (`shape_rule` runs it sealed:
-   setting an attribute raises). It may fill `value` itself (Shape does), or set `alias_of=i` when the
-   output is input i's buffer under a new shape (Reshape, Flatten, Squeeze...).
+   setting an attribute raises). What it works out on the way that `run` needs
+   (a normalised axis, a view shape, a chosen code path) it returns too:
+   `Inferred(outputs, axis=..., view=...)`; the compiler keeps those on the
+   kernel before prepare (`ready`). It may fill `value` itself (Shape does), or
+   set `alias_of=i` when the output is input i's buffer under a new shape
+   (Reshape, Flatten, Squeeze...).
    Omitted optional inputs arrive as None. When the shape depends on an input's
    value and that value is unknown, infer raises `NeedsValueError`
    (`self.needs_value(name)`): the node then runs eagerly, its shapes inferred
    at each run from the actual inputs.
 3. `prepare(*inputs)` runs once the shapes are known, with the same inputs as
-   `infer`. It keeps on `self` what `run` needs of them (a resolved axis, a
-   reshape of the operands), may pack constant
-   inputs into the layout the kernel wants (keeping the packed arrays on `self`)
-   and then lists their indices in `self.packed`: those inputs are not passed to
-   `run` and their mapped pages may be released. It may ask for scratch buffers
-   by returning a list of (shape, dtype); they live in the arena for this step.
+   `infer` and what infer derived already kept. It may turn constant inputs into the layout the
+   kernel wants with `self.pack(indices, arrays)`: those inputs are then not
+   passed to `run`, their mapped pages may be released, and the plan counts the
+   packed bytes. It may ask for scratch buffers by returning a list of
+   (shape, dtype); they live in the arena for this step.
 4. `run(*inputs, outs, scratch)` computes. `outs` is a tuple of preallocated
    arrays (arena views or the caller's output arrays) to write into; `scratch`
    the tuple of scratch arrays. A kernel that cannot write in place returns its
@@ -52,6 +55,15 @@ class NeedsValueError(ModelError):
     """
 
 _registry = {}  # (domain, op_type) -> sorted list of (since, cls)
+
+
+class Inferred(list):
+    """A shape rule's result: the output TensorInfos (it is their list) and, in `derived`,
+    the values it worked out that `run` needs, kept on the kernel by `Kernel.ready`."""
+
+    def __init__(self, outputs, **derived):
+        super().__init__(outputs)
+        self.derived = derived
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,8 @@ class Kernel:
     attributes = {}
     foldable = True  # may run at PREPARE when every input is known
     uses_planner = False  # made with the planner of its bodies (control flow: see control.py)
-    packed = frozenset()
+    packed = frozenset()  # inputs the kernel holds in a layout of its own (see pack)
+    packed_bytes = 0  # the bytes of what it made of them
     _sealed = None  # None: open; "infer" while its shape rule runs; "frozen" once prepared
 
     def __setattr__(self, name, value):
@@ -107,14 +120,23 @@ class Kernel:
         object.__setattr__(self, name, value)
 
     def shape_rule(self, *inputs):
-        """`infer`, sealed: the output TensorInfos of these inputs, the kernel left as it was."""
+        """`infer`, sealed: an Inferred for these inputs (the outputs, what run needs), the
+        kernel left as it was."""
         if self._sealed == "frozen":
             raise RuntimeError(f"{type(self).__name__} is prepared; its shape rule ran before")
         object.__setattr__(self, "_sealed", "infer")
         try:
-            return list(self.infer(*inputs))
+            result = self.infer(*inputs)
         finally:
             object.__setattr__(self, "_sealed", None)
+        return result if isinstance(result, Inferred) else Inferred(result)
+
+    def ready(self, derived, *inputs):
+        """Keep what the shape rule derived (Inferred.derived), then prepare for these inputs:
+        the scratch spec."""
+        for name, value in derived.items():
+            setattr(self, name, value)
+        return self.prepare(*inputs) or []
 
     def freeze(self):
         """Called by the compiler once the kernel is prepared: from then on nothing may change it."""
@@ -139,6 +161,16 @@ class Kernel:
     def fresh(self):
         """An unprepared kernel for the same node, for a run that prepares its own (an eager step)."""
         return type(self)(self.node, self.opset)
+
+    def pack(self, inputs, value):
+        """Keep `value`, made in prepare from the constant inputs `inputs` (their indices), as this
+        kernel's own: those inputs are then not passed to `run`, their mapped pages may be
+        released, and the plan counts `value`'s bytes as packed. Returns `value` (an array or a
+        tuple of arrays)."""
+        arrays = value if isinstance(value, (tuple, list)) else (value,)
+        self.packed = self.packed | frozenset(inputs)
+        self.packed_bytes += sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+        return value
 
     def fail(self, message):
         """Raise a ModelError; the compiler or the executor puts the node's location in front."""
