@@ -157,8 +157,8 @@ def _kernel(op_type, cls, attrs, *infos, outputs=1):
     node = ir.Node("n", op_type, "", [f"i{k}" for k in range(len(infos))],
                    [f"o{k}" for k in range(outputs)], attrs)
     k = cls(node, 17)
-    out_infos = k.infer(*infos)
-    return k, out_infos, k.prepare(*infos)
+    out_infos = k.shape_rule(*infos)
+    return k, out_infos, k.ready(out_infos.derived, *infos)
 
 
 def test_general_scratch_stays_bounded():

@@ -23,8 +23,9 @@ def kernel(op_type, attrs=None, opset=13, name="n0"):
 def run_kernel(k, *arrays):
     """Drive a kernel as the executor does, with every input unknown at PREPARE."""
     infos = [None if a is None else TensorInfo(a.shape, a.dtype) for a in arrays]
-    (out_info,) = k.infer(*infos)
-    scratch = [np.empty(shape, dtype) for shape, dtype in k.prepare(*infos)]
+    inferred = k.shape_rule(*infos)
+    (out_info,) = inferred
+    scratch = [np.empty(shape, dtype) for shape, dtype in k.ready(inferred.derived, *infos)]
     out = np.full(out_info.shape, np.nan, out_info.dtype)
     k.run(*arrays, outs=(out,), scratch=tuple(scratch))
     return out
@@ -184,8 +185,7 @@ def test_gemm_reused_after_prepare_with_constant_c():
     check_model(model, {"a": a})
     k = kernel("Gemm", {"beta": 0.25})
     infos = [TensorInfo(a.shape, a.dtype), TensorInfo.of(b), TensorInfo.of(c)]
-    k.infer(*infos)
-    assert k.prepare(*infos) == []
+    assert k.ready(k.shape_rule(*infos).derived, *infos) == []
     assert 2 in k.packed
     out = np.empty((3, 4), F32)
     k.run(a, b, None, outs=(out,), scratch=())

@@ -60,8 +60,7 @@ def test_batch_norm_packs_constant_parameters():
     k = BatchNormalization(node, 15)
     x = TensorInfo((1, 3, 2, 2), np.dtype(np.float32))
     params = [TensorInfo.of(a) for _, a in _bn_params((3,))]
-    k.infer(x, *params)
-    assert k.prepare(x, *params) == []
+    assert k.ready(k.shape_rule(x, *params).derived, x, *params) == []
     assert k.packed == {1, 2, 3, 4}
 
 

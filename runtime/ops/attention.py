@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 from .shape import onnx_dtype
 
 _F32 = np.dtype(np.float32)
@@ -94,13 +94,13 @@ class Attention(Kernel):
                               f"{(batch, hq, sq, total)}")
         if nonpad_kv_seqlen is not None and tuple(nonpad_kv_seqlen.shape) != (batch,):
             self.fail(f"nonpad_kv_seqlen has shape {nonpad_kv_seqlen.shape}, not ({batch},)")
-        self.dims = (batch, hq, hkv, sq, skv, past, d, dv, rank)
+        dims = (batch, hq, hkv, sq, skv, past, d, dv, rank)
         dtype = q.dtype
         y_shape = (batch, sq, hq * dv) if rank == 3 else (batch, hq, sq, dv)
-        return [TensorInfo(y_shape, dtype),
-                TensorInfo((batch, hkv, total, d), k.dtype),
-                TensorInfo((batch, hkv, total, dv), v.dtype),
-                TensorInfo((batch, hq, sq, total), dtype)]
+        return Inferred([TensorInfo(y_shape, dtype),
+                         TensorInfo((batch, hkv, total, d), k.dtype),
+                         TensorInfo((batch, hkv, total, dv), v.dtype),
+                         TensorInfo((batch, hq, sq, total), dtype)], dims=dims)
 
     def prepare(self, q, k, v, attn_mask=None, past_key=None, past_value=None,
                 nonpad_kv_seqlen=None):
@@ -306,8 +306,8 @@ class RotaryEmbedding(Kernel):
                           f"and {'(batch, seq, half)' if position_ids is None else '(positions, half)'}")
         if position_ids is not None and tuple(position_ids.shape) != (batch, seq):
             self.fail(f"position_ids has shape {position_ids.shape}, not {(batch, seq)}")
-        self.dims = (batch, heads, seq, head, rotary, rank)
-        return [TensorInfo(tuple(x.shape), x.dtype)]
+        dims = (batch, heads, seq, head, rotary, rank)
+        return Inferred([TensorInfo(tuple(x.shape), x.dtype)], dims=dims)
 
     def run(self, x, cos_cache, sin_cache, position_ids=None, *, outs, scratch):
         batch, heads, seq, head, rotary, rank = self.dims

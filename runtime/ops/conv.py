@@ -6,7 +6,7 @@ file: no kernel here packs anything.
 """
 
 from . import conv_core
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 
 class _ConvBase(Kernel):
@@ -49,23 +49,18 @@ class Conv(_ConvBase):
         if w.shape[0] % self.group:
             self.fail(f"{w.shape[0]} output channels are not divisible by group {self.group}")
         try:
-            self.window = conv_core.make_window(x.shape[2:], w.shape[2:], self.strides, self.dilations,
-                                                self.pads, self.auto_pad)
+            window = conv_core.make_window(x.shape[2:], w.shape[2:], self.strides, self.dilations,
+                                           self.pads, self.auto_pad)
         except ValueError as e:
             self.fail(str(e))
-        return [TensorInfo((x.shape[0], w.shape[0], *self.window.out_spatial), x.dtype)]
+        return Inferred([TensorInfo((x.shape[0], w.shape[0], *window.out_spatial), x.dtype)], window=window)
 
     def prepare(self, x, w, b=None):
-        self.infer(x, w, b)
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
         return self.plan.scratch()
 
     def run(self, x, w, b=None, *, outs, scratch=()):
-        plan = getattr(self, "plan", None)
-        if plan is None:  # folded before prepare
-            self.prepare(TensorInfo.of(x), TensorInfo.of(w), None if b is None else TensorInfo.of(b))
-            plan = self.plan
-        conv_core.conv(x, w, b, outs[0], plan, scratch[0] if scratch else None, self.activation)
+        conv_core.conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, self.activation)
 
 
 @register("ConvTranspose", since=1)
@@ -78,22 +73,17 @@ class ConvTranspose(_ConvBase):
         if w.shape[0] % self.group:
             self.fail(f"{w.shape[0]} input channels are not divisible by group {self.group}")
         try:
-            self.window = conv_core.make_transpose_window(
+            window = conv_core.make_transpose_window(
                 x.shape[2:], w.shape[2:], self.strides, self.dilations, self.pads, self.auto_pad,
                 self.output_padding, self.output_shape)
         except ValueError as e:
             self.fail(str(e))
-        return [TensorInfo((x.shape[0], c_out, *self.window.in_spatial), x.dtype)]
+        return Inferred([TensorInfo((x.shape[0], c_out, *window.in_spatial), x.dtype)], window=window)
 
     def prepare(self, x, w, b=None):
-        self.infer(x, w, b)
         self.plan = conv_core.conv_transpose_plan(self.window, x.shape[1], w.shape[1] * self.group,
                                                   self.group, x.dtype)
         return self.plan.scratch()
 
     def run(self, x, w, b=None, *, outs, scratch=()):
-        plan = getattr(self, "plan", None)
-        if plan is None:
-            self.prepare(TensorInfo.of(x), TensorInfo.of(w), None if b is None else TensorInfo.of(b))
-            plan = self.plan
-        conv_core.conv_transpose(x, w, b, outs[0], plan, scratch[0] if scratch else None, self.activation)
+        conv_core.conv_transpose(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, self.activation)

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ModelError
 from .activation import apply_activation
 from .elementwise import broadcast_shape, check_same_dtype
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 
 @register("Gemm", since=7)
@@ -95,11 +95,11 @@ class MatMul(Kernel):
         shape = batch + (a_shape[-2],) * (len(a.shape) > 1) + (b_shape[-1],) * (len(b.shape) > 1)
         # A batch of rows against one matrix (every Linear layer of a transformer) is one
         # GEMM over the stacked rows, not one call per batch entry.
-        self.stacked = None
+        stacked = None
         if len(a.shape) > 2 and len(b.shape) == 2:
             rows = math.prod(a.shape[:-1])
-            self.stacked = ((rows, a.shape[-1]), (rows, b.shape[-1]))
-        return [TensorInfo(shape, a.dtype)]
+            stacked = ((rows, a.shape[-1]), (rows, b.shape[-1]))
+        return Inferred([TensorInfo(shape, a.dtype)], stacked=stacked)
 
     def run(self, a, b, *, outs, scratch):
         y = outs[0]

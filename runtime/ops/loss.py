@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..errors import ExecutionError
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -32,6 +32,7 @@ class _ClassLoss(Kernel):
             self.fail(f"reduction {self.reduction!r} is not one of {', '.join(REDUCTIONS)}")
 
     def check(self, scores, target, weight):
+        """(the loss's TensorInfo, the (N, C, D) view of the scores)."""
         if scores is None or target is None:
             self.fail("inputs scores and labels are required")
         if scores.dtype.kind != "f":
@@ -47,9 +48,8 @@ class _ClassLoss(Kernel):
         if weight is not None and tuple(weight.shape) != (shape[1],):
             self.fail(f"weight has shape {list(weight.shape)}; expected ({shape[1]},)")
         n, c = shape[:2]
-        self.view = (n, c, math.prod(shape[2:]))
         loss_shape = tuple(target.shape) if self.reduction == "none" else ()
-        return TensorInfo(loss_shape, scores.dtype)
+        return TensorInfo(loss_shape, scores.dtype), (n, c, math.prod(shape[2:]))
 
     def loss(self, log_prob, target, weight, out):
         """NLL of `log_prob` viewed as (N, C, D) against `target` (N, D), into `out`."""
@@ -92,12 +92,10 @@ class _ClassLoss(Kernel):
 @register("NegativeLogLikelihoodLoss", since=12)
 class NegativeLogLikelihoodLoss(_ClassLoss):
     def infer(self, scores, target, weight=None):
-        return [self.check(scores, target, weight)]
+        loss, view = self.check(scores, target, weight)
+        return Inferred([loss], view=view)
 
     def run(self, scores, target, weight=None, *, outs, scratch=()):
-        if not hasattr(self, "view"):  # folded before infer
-            self.infer(TensorInfo.of(scores), TensorInfo.of(target),
-                       None if weight is None else TensorInfo.of(weight))
         self.loss(scores, target, weight, outs[0])
 
 
@@ -106,21 +104,16 @@ class SoftmaxCrossEntropyLoss(_ClassLoss):
     """Loss, and optionally log_prob, of the softmax over C of the scores."""
 
     def infer(self, scores, target, weight=None):
-        loss = self.check(scores, target, weight)
-        self.with_log_prob = len(self.node.outputs) > 1 and bool(self.node.outputs[1])
-        if self.with_log_prob:
-            return [loss, TensorInfo(tuple(scores.shape), scores.dtype)]
-        return [loss]
+        loss, view = self.check(scores, target, weight)
+        with_log_prob = len(self.node.outputs) > 1 and bool(self.node.outputs[1])
+        outputs = [loss, TensorInfo(tuple(scores.shape), scores.dtype)] if with_log_prob else [loss]
+        return Inferred(outputs, view=view, with_log_prob=with_log_prob)
 
     def prepare(self, scores, target, weight=None):
-        self.infer(scores, target, weight)
         # log_prob goes into the second output when there is one, else into scratch.
         return [] if self.with_log_prob else [(tuple(scores.shape), scores.dtype)]
 
     def run(self, scores, target, weight=None, *, outs, scratch=()):
-        if not hasattr(self, "view"):
-            self.infer(TensorInfo.of(scores), TensorInfo.of(target),
-                       None if weight is None else TensorInfo.of(weight))
         if len(outs) > 1 and outs[1] is not None:
             log_prob = outs[1]
         elif scratch:

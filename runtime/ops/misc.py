@@ -19,7 +19,7 @@ from ..errors import ExecutionError
 from . import conv_core
 from .activation import sigmoid
 from .pool import _WindowPool
-from .registry import REQUIRED, Kernel, TensorInfo, register
+from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
 from .select import CumSum
 from .shape import int_list, known_value, normalize_axis, onnx_dtype, sane_shape
 
@@ -261,15 +261,15 @@ class Compress(Kernel):
         if self.axis is None:
             length = math.prod(x.shape)
         else:
-            self.axis_n = normalize_axis(self.node, self.axis, len(x.shape))
-            length = x.shape[self.axis_n]
+            axis_n = normalize_axis(self.node, self.axis, len(x.shape))
+            length = x.shape[axis_n]
         if condition.shape[0] > length:
             self.fail(f"condition has {condition.shape[0]} values for {length} slices")
         kept = int(np.count_nonzero(known_value(self.node, condition, "condition")))
         if self.axis is None:
             shape = (kept,)
         else:
-            shape = tuple(x.shape[:self.axis_n]) + (kept,) + tuple(x.shape[self.axis_n + 1:])
+            shape = tuple(x.shape[:axis_n]) + (kept,) + tuple(x.shape[axis_n + 1:])
         return [TensorInfo(shape, x.dtype)]
 
     def run(self, x, condition, *, outs, scratch=()):
@@ -293,8 +293,8 @@ class _Window(Kernel):
         values = int_list(self.node, size, "size")
         if len(values) != 1:
             self.fail(f"size must be one integer, got {values}")
-        self.size = sane_shape(self.node, values, self.dtype)[0]
-        return [TensorInfo((self.size,), self.dtype)]
+        n = sane_shape(self.node, values, self.dtype)[0]
+        return Inferred([TensorInfo((n,), self.dtype)], size=n)
 
     def run(self, size, *, outs, scratch=()):
         n = int(np.asarray(size).reshape(-1)[0])
@@ -369,21 +369,19 @@ class MaxUnpool(Kernel):
         pads = self.pads or (0,) * (2 * rank)
         if len(strides) != rank or len(pads) != 2 * rank:
             self.fail(f"strides {list(strides)} and pads {list(pads)} do not fit {rank} spatial dims")
-        self.inferred = tuple(x.shape[:2]) + tuple(
+        inferred = tuple(x.shape[:2]) + tuple(
             (i - 1) * s - (pads[d] + pads[rank + d]) + k
             for d, (i, s, k) in enumerate(zip(x.shape[2:], strides, self.kernel_shape)))
-        shape = self.inferred
+        shape = inferred
         if output_shape is not None:
             shape = tuple(int_list(self.node, output_shape, "output_shape"))
-            if len(shape) != len(x.shape) or any(o < i for o, i in zip(shape, self.inferred)):
+            if len(shape) != len(x.shape) or any(o < i for o, i in zip(shape, inferred)):
                 self.fail(f"output_shape {list(shape)} is smaller than the unpooled shape "
-                          f"{list(self.inferred)}")
+                          f"{list(inferred)}")
         shape = sane_shape(self.node, shape, x.dtype)
-        return [TensorInfo(shape, x.dtype)]
+        return Inferred([TensorInfo(shape, x.dtype)], inferred=inferred)
 
     def run(self, x, indices, output_shape=None, *, outs, scratch=()):
-        if not hasattr(self, "inferred"):  # folded before infer
-            self.infer(*(None if a is None else TensorInfo.of(a) for a in (x, indices, output_shape)))
         y = outs[0]
         y[...] = 0
         corner = y[tuple(slice(0, n) for n in self.inferred)]

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 # TensorProto element types allowed as LayerNormalization's stash_type.
 STASH_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}
@@ -70,8 +70,8 @@ class BatchNormalization(_Normalization):
                 self.fail(f"input {what} is required")
             if tuple(p.shape) != expected or p.dtype.kind != "f":
                 self.fail(f"{what} has shape {list(p.shape)} {p.dtype}; expected {list(expected)} floating")
-        self.shape = expected + (1,) * (len(x.shape) - 1 - len(expected))
-        return [TensorInfo(tuple(x.shape), x.dtype)]
+        shape = expected + (1,) * (len(x.shape) - 1 - len(expected))
+        return Inferred([TensorInfo(tuple(x.shape), x.dtype)], shape=shape)
 
     def coefficients(self, scale, b, mean, var, dtype):
         """Y = X * factor + offset, per channel, computed in double once."""
@@ -80,7 +80,6 @@ class BatchNormalization(_Normalization):
         return factor.astype(dtype).reshape(self.shape), offset.astype(dtype).reshape(self.shape)
 
     def prepare(self, x, scale, b, mean, var):
-        self.infer(x, scale, b, mean, var)
         params = (scale, b, mean, var)
         if all(p.value is not None for p in params):
             self.fixed = self.coefficients(*(p.value for p in params), x.dtype)
@@ -92,8 +91,6 @@ class BatchNormalization(_Normalization):
         if fixed is not None:
             factor, offset = fixed
         else:
-            if not hasattr(self, "shape"):  # folded before prepare
-                self.infer(*(TensorInfo.of(a) for a in (x, scale, b, mean, var)))
             factor, offset = self.coefficients(scale, b, mean, var, x.dtype)
         y = outs[0]
         np.multiply(x, factor, out=y)
@@ -128,13 +125,11 @@ class LayerNormalization(_Normalization):
                     raise ValueError
             except ValueError:
                 self.fail(f"{what} of shape {list(p.shape)} does not broadcast to {list(normalized)}")
-        self.split = axis
         stats = TensorInfo(tuple(x.shape[:axis]) + (1,) * (rank - axis), self.stash)
-        return [TensorInfo(tuple(x.shape), x.dtype), stats, stats][:max(1, len(self.node.outputs))]
+        outputs = [TensorInfo(tuple(x.shape), x.dtype), stats, stats][:max(1, len(self.node.outputs))]
+        return Inferred(outputs, split=axis)
 
     def run(self, x, scale, b=None, *, outs, scratch=()):
-        if not hasattr(self, "split"):
-            self.infer(*(None if a is None else TensorInfo.of(a) for a in (x, scale, b)))
         normalized = x.shape[self.split:]
         size = math.prod(normalized)
         rows = x.reshape(-1, size)

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from .normalization import STASH_TYPES, _flat, _Normalization, _standardize
-from .registry import REQUIRED, TensorInfo, register
+from .registry import REQUIRED, Inferred, TensorInfo, register
 from .shape import normalize_axes, normalize_axis
 
 
@@ -39,12 +39,9 @@ class RMSNormalization(_Normalization):
                 raise ValueError
         except ValueError:
             self.fail(f"scale of shape {list(scale.shape)} does not broadcast to {list(normalized)}")
-        self.split = axis
-        return [TensorInfo(tuple(x.shape), x.dtype)]
+        return Inferred([TensorInfo(tuple(x.shape), x.dtype)], split=axis)
 
     def run(self, x, scale, *, outs, scratch=()):
-        if not hasattr(self, "split"):
-            self.infer(TensorInfo.of(x), TensorInfo.of(scale))
         normalized = x.shape[self.split:]
         size = math.prod(normalized)
         rows = x.reshape(-1, size)
@@ -130,8 +127,8 @@ class LpNormalization(_Normalization):
 
     def infer(self, x):
         self.check_float(x)
-        self.axis_n = normalize_axis(self.node, self.axis, len(x.shape))
-        return [TensorInfo(tuple(x.shape), x.dtype)]
+        axis_n = normalize_axis(self.node, self.axis, len(x.shape))
+        return Inferred([TensorInfo(tuple(x.shape), x.dtype)], axis_n=axis_n)
 
     def run(self, x, *, outs, scratch=()):
         axis = normalize_axis(self.node, self.axis, x.ndim)
@@ -152,8 +149,8 @@ class MeanVarianceNormalization(_Normalization):
 
     def infer(self, x):
         self.check_float(x)
-        self.axes_n = tuple(normalize_axes(self.node, self.axes, len(x.shape)))
-        return [TensorInfo(tuple(x.shape), x.dtype)]
+        axes_n = tuple(normalize_axes(self.node, self.axes, len(x.shape)))
+        return Inferred([TensorInfo(tuple(x.shape), x.dtype)], axes_n=axes_n)
 
     def run(self, x, *, outs, scratch=()):
         axes = tuple(normalize_axes(self.node, self.axes, x.ndim))

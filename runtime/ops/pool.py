@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from . import conv_core
-from .registry import REQUIRED, Kernel, TensorInfo, register
+from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
 
 
 class _WindowPool(Kernel):
@@ -35,14 +35,13 @@ class _WindowPool(Kernel):
         if len(self.kernel_shape) != len(x.shape) - 2:
             self.fail(f"kernel_shape {list(self.kernel_shape)} does not fit input shape {list(x.shape)}")
         try:
-            self.window = conv_core.make_window(x.shape[2:], self.kernel_shape, self.strides, self.dilations,
+            window = conv_core.make_window(x.shape[2:], self.kernel_shape, self.strides, self.dilations,
                                                 self.pads, self.auto_pad, bool(self.ceil_mode))
         except ValueError as e:
             self.fail(str(e))
-        return [TensorInfo((x.shape[0], x.shape[1], *self.window.out_spatial), x.dtype)]
+        return Inferred([TensorInfo((x.shape[0], x.shape[1], *window.out_spatial), x.dtype)], window=window)
 
     def prepare(self, x):
-        self.infer(x)
         self.plan = conv_core.pool_plan(self.window, self.kind, x.shape[1], x.dtype,
                                         count_include_pad=bool(self.count_include_pad), batch=x.shape[0])
         return self.plan.scratch()

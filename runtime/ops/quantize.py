@@ -23,7 +23,7 @@ import numpy as np
 from . import conv_core, exotic_types
 from .conv import _ConvBase
 from .elementwise import broadcast_shape
-from .registry import TensorInfo, Kernel, register
+from .registry import Inferred, Kernel, TensorInfo, register
 from .shape import onnx_dtype
 
 # Largest |integer sum| float32 accumulates exactly.
@@ -138,14 +138,14 @@ class QuantizeLinear(Kernel):
         dtype = zero_point.dtype if zero_point is not None else self.out_dtype or np.dtype(np.uint8)
         if self.out_dtype is not None and dtype != self.out_dtype:
             self.fail(f"output_dtype {self.out_dtype} differs from the zero point's type {dtype}")
-        self.range = value_range(dtype)
-        if self.range is None and dtype not in exotic_types.SMALL_FLOATS:
+        range = value_range(dtype)
+        if range is None and dtype not in exotic_types.SMALL_FLOATS:
             self.fail(f"{dtype} is not a quantized type")
-        self.granularity = Granularity(self, x.shape, scale.shape, self.axis, self.block_size)
-        self.work_dtype = self.precision_dtype or compute_dtype(x.dtype, scale.dtype)
-        if self.work_dtype not in NATIVE_FLOATS:
-            self.work_dtype = np.dtype(np.float32)
-        return [TensorInfo(x.shape, dtype)]
+        granularity = Granularity(self, x.shape, scale.shape, self.axis, self.block_size)
+        work_dtype = self.precision_dtype or compute_dtype(x.dtype, scale.dtype)
+        if work_dtype not in NATIVE_FLOATS:
+            work_dtype = np.dtype(np.float32)
+        return Inferred([TensorInfo(x.shape, dtype)], range=range, granularity=granularity, work_dtype=work_dtype)
 
     def prepare(self, x, scale, zero_point=None):
         return [((x.size,), self.work_dtype)]
@@ -194,12 +194,13 @@ class DequantizeLinear(Kernel):
         dtype = self.out_dtype or scale.dtype
         if dtype not in NATIVE_FLOATS and dtype != np.dtype("bfloat16"):
             self.fail(f"output type {dtype} is not a floating type")
-        self.use_zero_point = zero_point is not None and value_range(x.dtype) is not None
-        self.granularity = Granularity(self, x.shape, scale.shape, self.axis, self.block_size)
+        use_zero_point = zero_point is not None and value_range(x.dtype) is not None
+        granularity = Granularity(self, x.shape, scale.shape, self.axis, self.block_size)
         # float32 arithmetic unless the output is float64; a float32 output is its own scratch.
-        self.work_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
-        self.direct = dtype == self.work_dtype
-        return [TensorInfo(x.shape, dtype)]
+        work_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        direct = dtype == work_dtype
+        return Inferred([TensorInfo(x.shape, dtype)], use_zero_point=use_zero_point, granularity=granularity,
+                        work_dtype=work_dtype, direct=direct)
 
     def prepare(self, x, scale, zero_point=None):
         return [] if self.direct else [((x.size,), self.work_dtype)]
@@ -293,6 +294,7 @@ class _IntegerMatMul(Kernel):
     """
 
     def matmul_infer(self, a, b, a_zero_point, b_zero_point):
+        """(the output shape, what run needs of the operands' layout), for Inferred."""
         for name, info in (("A", a), ("B", b)):
             if value_range(info.dtype) is None:
                 self.fail(f"{name} must be an integer type, not {info.dtype}")
@@ -304,14 +306,13 @@ class _IntegerMatMul(Kernel):
             self.fail(f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
         batch = broadcast_shape(self.node, a_shape[:-2], b_shape[:-2])
         shape = batch + (a_shape[-2],) * (len(a.shape) > 1) + (b_shape[-1],) * (len(b.shape) > 1)
-        self.a_span = integer_span(a.dtype)
-        self.acc_dtype = accumulator_dtype(a_shape[-1] * self.a_span * integer_span(b.dtype))
-        self.a_shape, self.b_shape = a_shape, b_shape
-        self.acc_shape = batch + a_shape[-2:-1] + b_shape[-1:]
-        self.a_zp_shape = self.zero_point_shape(a_zero_point, a_shape[-2], "a", column=True)
-        self.b_zp_shape = self.zero_point_shape(b_zero_point, b_shape[-1], "b", column=False)
-        self.b_packed = None
-        return shape
+        a_span = integer_span(a.dtype)
+        layout = dict(a_span=a_span, acc_dtype=accumulator_dtype(a_shape[-1] * a_span * integer_span(b.dtype)),
+                      a_shape=a_shape, b_shape=b_shape, acc_shape=batch + a_shape[-2:-1] + b_shape[-1:],
+                      a_zp_shape=self.zero_point_shape(a_zero_point, a_shape[-2], "a", column=True),
+                      b_zp_shape=self.zero_point_shape(b_zero_point, b_shape[-1], "b", column=False),
+                      b_packed=None)
+        return shape, layout
 
     def zero_point_shape(self, zp, n, name, column):
         if zp is None or zp.size == 1:
@@ -361,7 +362,8 @@ class MatMulInteger(_IntegerMatMul):
     requantized = False
 
     def infer(self, a, b, a_zero_point=None, b_zero_point=None):
-        return [TensorInfo(self.matmul_infer(a, b, a_zero_point, b_zero_point), np.dtype(np.int32))]
+        shape, layout = self.matmul_infer(a, b, a_zero_point, b_zero_point)
+        return Inferred([TensorInfo(shape, np.dtype(np.int32))], **layout)
 
     def prepare(self, a, b, a_zero_point=None, b_zero_point=None):
         self.pack_b(b, b_zero_point)
@@ -384,16 +386,17 @@ class QLinearMatMul(_IntegerMatMul):
     requantized = True
 
     def infer(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
-        shape = self.matmul_infer(a, b, a_zero_point, b_zero_point)
+        shape, layout = self.matmul_infer(a, b, a_zero_point, b_zero_point)
         dtype = y_zero_point.dtype if y_zero_point is not None else a.dtype
-        self.range = value_range(dtype)
-        if self.range is None:
+        range = value_range(dtype)
+        if range is None:
             self.fail(f"output type {dtype} is not a quantized integer type")
-        self.a_scale_shape = self.zero_point_shape(a_scale, self.a_shape[-2], "a_scale", column=True)
-        self.b_scale_shape = self.zero_point_shape(b_scale, self.b_shape[-1], "b_scale", column=False)
+        a_scale_shape = self.zero_point_shape(a_scale, layout["a_shape"][-2], "a_scale", column=True)
+        b_scale_shape = self.zero_point_shape(b_scale, layout["b_shape"][-1], "b_scale", column=False)
         if y_scale.size != 1:
             self.fail("y_scale must be a scalar")
-        return [TensorInfo(shape, dtype)]
+        return Inferred([TensorInfo(shape, dtype)], range=range, a_scale_shape=a_scale_shape,
+                        b_scale_shape=b_scale_shape, **layout)
 
     def prepare(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
         self.pack_b(b, b_zero_point)
@@ -434,20 +437,19 @@ class _IntegerConv(_ConvBase):
             self.fail(f"kernel_shape {list(self.kernel_shape)} does not match W {list(w.shape)}")
         if x_zero_point is not None and x_zero_point.size != 1:
             self.fail("x's zero point must be a scalar")
-        self.w_zp_shape = self.channel_shape(w_zero_point, c_out, len(w.shape) - 1, "w's zero point")
+        w_zp_shape = self.channel_shape(w_zero_point, c_out, len(w.shape) - 1, "w's zero point")
         try:
-            self.window = conv_core.make_window(x.shape[2:], w.shape[2:], self.strides, self.dilations,
-                                                self.pads, self.auto_pad)
+            window = conv_core.make_window(x.shape[2:], w.shape[2:], self.strides, self.dilations,
+                                           self.pads, self.auto_pad)
         except ValueError as e:
             self.fail(str(e))
-        self.x_span = integer_span(x.dtype)
-        self.acc_dtype = accumulator_dtype(w.shape[1] * self.window.taps * self.x_span
-                                           * integer_span(w.dtype))
-        self.x_shape, self.w_shape = tuple(x.shape), tuple(w.shape)
-        self.out_shape = (x.shape[0], c_out, *self.window.out_spatial)
-        self.w_packed = None
-        self.plan = None
-        return self.out_shape
+        x_span = integer_span(x.dtype)
+        out_shape = (x.shape[0], c_out, *window.out_spatial)
+        layout = dict(w_zp_shape=w_zp_shape, window=window, x_span=x_span,
+                      acc_dtype=accumulator_dtype(w.shape[1] * window.taps * x_span * integer_span(w.dtype)),
+                      x_shape=tuple(x.shape), w_shape=tuple(w.shape), out_shape=out_shape, w_packed=None,
+                      plan=None)
+        return out_shape, layout
 
     def channel_shape(self, param, c_out, trailing, what):
         if param is None or param.size == 1:
@@ -502,7 +504,8 @@ class ConvInteger(_IntegerConv):
     requantized = False
 
     def infer(self, x, w, x_zero_point=None, w_zero_point=None):
-        return [TensorInfo(self.conv_infer(x, w, x_zero_point, w_zero_point), np.dtype(np.int32))]
+        shape, layout = self.conv_infer(x, w, x_zero_point, w_zero_point)
+        return Inferred([TensorInfo(shape, np.dtype(np.int32))], **layout)
 
     def prepare(self, x, w, x_zero_point=None, w_zero_point=None):
         return self.conv_prepare(w, w_zero_point)
@@ -520,15 +523,15 @@ class QLinearConv(_IntegerConv):
     requantized = True
 
     def infer(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
-        shape = self.conv_infer(x, w, x_zero_point, w_zero_point)
+        shape, layout = self.conv_infer(x, w, x_zero_point, w_zero_point)
         dtype = y_zero_point.dtype if y_zero_point is not None else x.dtype
-        self.range = value_range(dtype)
-        if self.range is None:
+        range = value_range(dtype)
+        if range is None:
             self.fail(f"output type {dtype} is not a quantized integer type")
-        self.w_scale_shape = self.channel_shape(w_scale, w.shape[0], len(shape) - 2, "w_scale")
+        w_scale_shape = self.channel_shape(w_scale, w.shape[0], len(shape) - 2, "w_scale")
         if b is not None and tuple(b.shape) != (w.shape[0],):
             self.fail(f"bias B of shape {list(b.shape)} must be ({w.shape[0]},)")
-        return [TensorInfo(shape, dtype)]
+        return Inferred([TensorInfo(shape, dtype)], range=range, w_scale_shape=w_scale_shape, **layout)
 
     def prepare(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
         return self.conv_prepare(w, w_zero_point)

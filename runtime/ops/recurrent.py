@@ -30,7 +30,7 @@ onnxruntime does. `clip` bounds every gate's input to its activation.
 import numpy as np
 
 from . import activation as act
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 
 def _sigmoid(x, out, alpha, beta):
@@ -200,12 +200,11 @@ class Recurrent(Kernel):
                 self.fail(f"{what} is {info.dtype} but X is {x.dtype}")
         if sequence_lens is not None and sequence_lens.dtype.kind not in "iu":
             self.fail(f"sequence_lens must be an integer tensor, not {sequence_lens.dtype}")
-        self.seq, self.batch, self.size, self.hidden = seq, batch, size, hidden
         y = (seq, dirs, batch, hidden) if self.layout == 0 else (batch, seq, dirs, hidden)
         outs = [TensorInfo(y, x.dtype), TensorInfo(state, x.dtype)]
         if self.has_cell:
             outs.append(TensorInfo(state, x.dtype))
-        return outs
+        return Inferred(outs, seq=seq, batch=batch, size=size, hidden=hidden)
 
     def check_extra(self, rest, dirs, hidden, state):
         """Shapes of the inputs after initial_h (LSTM's initial_c and P)."""

@@ -19,7 +19,7 @@ import string
 import numpy as np
 
 from ..errors import ModelError
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -54,18 +54,19 @@ class Reduce(Kernel):
         if axes is None or len(axes) == 0:
             axes = () if self.noop_with_empty_axes else range(rank)
         axes = normalize_axes(self.node, axes, rank)
-        self.reduced = axes
-        self.kept_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-        shape = self.kept_shape if self.keepdims else tuple(
+        reduced = axes
+        kept_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        shape = kept_shape if self.keepdims else tuple(
             d for i, d in enumerate(x.shape) if i not in axes)
-        self.count = math.prod(x.shape[i] for i in axes)
-        self.matvec = None
-        if self.matvec_weight is not None and x.dtype in _BLAS_TYPES and axes and self.count:
+        count = math.prod(x.shape[i] for i in axes)
+        matvec = None
+        if self.matvec_weight is not None and x.dtype in _BLAS_TYPES and axes and count:
             if axes == tuple(range(rank - len(axes), rank)):
-                self.matvec = "rows"
+                matvec = "rows"
             elif axes == tuple(range(len(axes))):
-                self.matvec = "columns"
-        return [TensorInfo(shape, x.dtype)]
+                matvec = "columns"
+        return Inferred([TensorInfo(shape, x.dtype)], reduced=reduced, kept_shape=kept_shape, count=count,
+                        matvec=matvec)
 
     def prepare(self, x, axes_input=None):
         if axes_input is not None:
@@ -130,11 +131,12 @@ class SumOfSquares:
 
     def infer(self, x, axes_input=None):
         infos = super().infer(x, axes_input)
+        reduced = infos.derived["reduced"]
         letters = string.ascii_letters[:len(x.shape)]
-        kept = "".join(c for i, c in enumerate(letters) if i not in self.reduced)
-        self.subscripts = f"{letters},{letters}->{kept}"
-        self.einsum_shape = tuple(d for i, d in enumerate(x.shape) if i not in self.reduced)
-        return infos
+        kept = "".join(c for i, c in enumerate(letters) if i not in reduced)
+        subscripts = f"{letters},{letters}->{kept}"
+        einsum_shape = tuple(d for i, d in enumerate(x.shape) if i not in reduced)
+        return Inferred(infos, subscripts=subscripts, einsum_shape=einsum_shape)
 
     def sum_of_squares(self, x, out):
         np.einsum(self.subscripts, x, x, out=out.reshape(self.einsum_shape))
@@ -232,15 +234,16 @@ class ArgReduce(Kernel):
 
     def infer(self, x):
         rank = len(x.shape)
-        (self.normal_axis,) = normalize_axes(self.node, [self.axis], rank)
-        if x.shape[self.normal_axis] == 0:
+        (normal_axis,) = normalize_axes(self.node, [self.axis], rank)
+        if x.shape[normal_axis] == 0:
             raise ModelError(f"cannot take the index of an extremum "
                              f"over an empty axis {self.axis} of shape {x.shape}")
-        self.kept_shape = tuple(1 if i == self.normal_axis else d for i, d in enumerate(x.shape))
-        shape = self.kept_shape if self.keepdims else tuple(
-            d for i, d in enumerate(x.shape) if i != self.normal_axis)
-        self.last = x.shape[self.normal_axis] - 1
-        return [TensorInfo(shape, np.dtype(np.int64))]
+        kept_shape = tuple(1 if i == normal_axis else d for i, d in enumerate(x.shape))
+        shape = kept_shape if self.keepdims else tuple(
+            d for i, d in enumerate(x.shape) if i != normal_axis)
+        last = x.shape[normal_axis] - 1
+        return Inferred([TensorInfo(shape, np.dtype(np.int64))], normal_axis=normal_axis, kept_shape=kept_shape,
+                        last=last)
 
     def run(self, x, *, outs, scratch):
         out = outs[0].reshape(self.kept_shape)

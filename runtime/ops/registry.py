@@ -63,7 +63,7 @@ class Inferred(list):
 
     def __init__(self, outputs, **derived):
         super().__init__(outputs)
-        self.derived = derived
+        self.derived = {**getattr(outputs, "derived", {}), **derived}  # a base class's rule's too
 
 
 @dataclass(frozen=True)

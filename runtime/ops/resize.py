@@ -196,10 +196,8 @@ class ResizeCore(Kernel):
         raise NotImplementedError
 
     def infer(self, x, *inputs):
-        shape, scales, roi = self.geometry(x, *inputs)
-        shape = sane_shape(self.node, shape, x.dtype)
-        self.plan(x.shape, shape, x.dtype, scales, roi)
-        return [TensorInfo(tuple(shape), x.dtype)]
+        shape, _, _ = self.geometry(x, *inputs)
+        return [TensorInfo(tuple(sane_shape(self.node, shape, x.dtype)), x.dtype)]
 
     def plan(self, in_shape, out_shape, dtype, scales, roi):
         rank = len(in_shape)
@@ -366,6 +364,8 @@ class ResizeCore(Kernel):
         self.repeat = (tuple(target), tuple(source))
 
     def prepare(self, x, *inputs):
+        shape, scales, roi = self.geometry(x, *inputs)
+        self.plan(x.shape, sane_shape(self.node, shape, x.dtype), x.dtype, scales, roi)
         return [((n,), self.compute) for n in self.scratch_sizes]
 
     def run(self, x, *inputs, outs, scratch):

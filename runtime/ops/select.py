@@ -17,7 +17,7 @@ output shape and lets numpy choose the contraction path once.
 
 import numpy as np
 
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 from .shape import INT64, int_list, known_value, normalize_axis, sane_shape
 
 
@@ -34,15 +34,14 @@ class TopKBase(Kernel):
     def infer(self, x, k_info=None):
         k = self.k_of(k_info)
         rank = len(x.shape)
-        self.axis_n = normalize_axis(self.node, self.axis, rank)
-        if not 0 <= k <= x.shape[self.axis_n]:
-            self.fail(f"k {k} is not in [0, {x.shape[self.axis_n]}] for axis {self.axis} "
+        axis_n = normalize_axis(self.node, self.axis, rank)
+        if not 0 <= k <= x.shape[axis_n]:
+            self.fail(f"k {k} is not in [0, {x.shape[axis_n]}] for axis {self.axis} "
                       f"of shape {list(x.shape)}")
         if x.dtype.kind not in "fiu":
             self.fail(f"TopK of {x.dtype} is not supported")
-        self.k = k
-        shape = x.shape[:self.axis_n] + (k,) + x.shape[self.axis_n + 1:]
-        return [TensorInfo(shape, x.dtype), TensorInfo(shape, INT64)]
+        shape = x.shape[:axis_n] + (k,) + x.shape[axis_n + 1:]
+        return Inferred([TensorInfo(shape, x.dtype), TensorInfo(shape, INT64)], axis_n=axis_n, k=k)
 
     def key(self, x):
         """An array whose ascending stable order is the wanted order."""
@@ -176,24 +175,24 @@ class CumSum(Kernel):
     attributes = {"exclusive": 0, "reverse": 0}
 
     def infer(self, x, axis):
-        self.rank = len(x.shape)
+        rank = len(x.shape)
         if axis.dtype.kind not in "iu" or axis.size != 1:
             self.fail(f"axis must be one integer, got {axis.dtype} of shape {list(axis.shape)}")
         # The axis does not decide a shape: when it is only known per run, run reads it.
-        self.axis_n = None if axis.value is None else self.normalize(axis.value)
-        if self.rank == 0:
+        if rank == 0:
             self.fail("input must have rank >= 1")
-        return [TensorInfo(x.shape, x.dtype)]
+        axis_n = None if axis.value is None else self.normalize(axis.value, rank)
+        return Inferred([TensorInfo(x.shape, x.dtype)], axis_n=axis_n)
 
-    def normalize(self, axis):
-        return normalize_axis(self.node, int(np.asarray(axis).reshape(-1)[0]), self.rank)
+    def normalize(self, axis, rank):
+        return normalize_axis(self.node, int(np.asarray(axis).reshape(-1)[0]), rank)
 
     accumulate = staticmethod(np.cumsum)
     identity = 0  # the first element of an exclusive scan
 
     def run(self, x, axis, outs, scratch):
         out = outs[0]
-        n = self.normalize(axis) if self.axis_n is None else self.axis_n
+        n = self.normalize(axis, x.ndim) if self.axis_n is None else self.axis_n
         if self.reverse:
             flip = (slice(None),) * n + (slice(None, None, -1),)
             x, out = x[flip], out[flip]
@@ -274,8 +273,8 @@ class Einsum(Kernel):
             if letter not in sizes:
                 self.fail(f"output label {letter!r} appears in no input")
         shape = tuple(sizes[c] for c in before) + (ellipsis if dots else ()) + tuple(sizes[c] for c in after)
-        self.shapes = [tuple(i.shape) for i in inputs]
-        return [TensorInfo(sane_shape(self.node, shape, dtype), dtype)]
+        shapes = [tuple(i.shape) for i in inputs]
+        return Inferred([TensorInfo(sane_shape(self.node, shape, dtype), dtype)], shapes=shapes)
 
     def prepare(self, *inputs):
         # numpy's einsum has no loops for bfloat16 (ml_dtypes): those go through float32.
@@ -306,15 +305,16 @@ class OneHot9(Kernel):
         depth_value = known_value(self.node, depth, "depth")
         if depth_value.size != 1:
             self.fail(f"depth must hold one value, got shape {list(depth_value.shape)}")
-        self.depth = int(np.asarray(depth_value).reshape(-1)[0])
-        if self.depth < 1:
-            self.fail(f"depth {self.depth} must be positive")
+        n = int(np.asarray(depth_value).reshape(-1)[0])
+        if n < 1:
+            self.fail(f"depth {n} must be positive")
         if values.size != 2:
             self.fail(f"values must hold [off, on], got shape {list(values.shape)}")
         rank = len(indices.shape) + 1
-        self.axis_n = normalize_axis(self.node, self.axis, rank)
-        shape = indices.shape[:self.axis_n] + (self.depth,) + indices.shape[self.axis_n:]
-        return [TensorInfo(sane_shape(self.node, shape, values.dtype), values.dtype)]
+        axis_n = normalize_axis(self.node, self.axis, rank)
+        shape = indices.shape[:axis_n] + (n,) + indices.shape[axis_n:]
+        return Inferred([TensorInfo(sane_shape(self.node, shape, values.dtype), values.dtype)], depth=n,
+                        axis_n=axis_n)
 
     def run(self, indices, depth, values, outs, scratch):
         out = outs[0]

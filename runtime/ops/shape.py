@@ -19,7 +19,7 @@ from onnx import helper as onnx_helper
 
 from ..errors import ModelError
 from ..weights import weight_array
-from .registry import REQUIRED, Kernel, NeedsValueError, TensorInfo, register
+from .registry import REQUIRED, Inferred, Kernel, NeedsValueError, TensorInfo, register
 
 INT64 = np.dtype(np.int64)
 
@@ -143,8 +143,8 @@ class Alias(Kernel):
         raise NotImplementedError
 
     def infer(self, *inputs):
-        self.shape = self.out_shape(*inputs)
-        return [TensorInfo(self.shape, inputs[0].dtype, alias_of=0)]
+        shape = self.out_shape(*inputs)
+        return Inferred([TensorInfo(shape, inputs[0].dtype, alias_of=0)], shape=shape)
 
     def run(self, x, *rest, outs, scratch):
         return x.reshape(self.shape)
@@ -391,8 +391,8 @@ class EyeLike(Kernel):
         dtype = x.dtype if self.dtype is None else onnx_dtype(self.node, self.dtype, "dtype")
         rows, cols = x.shape
         i = np.arange(max(0, -self.k), min(rows, cols - self.k), dtype=np.intp)
-        self.diagonal = i * cols + i + self.k  # flat positions of the ones
-        return [TensorInfo(x.shape, dtype)]
+        diagonal = i * cols + i + self.k  # flat positions of the ones
+        return Inferred([TensorInfo(x.shape, dtype)], diagonal=diagonal)
 
     def run(self, x, outs, scratch):
         out = outs[0]

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 
 
 class SoftmaxFamily(Kernel):
@@ -29,12 +29,12 @@ class SoftmaxFamily(Kernel):
         axis = self.axis % rank
         outer = math.prod(x.shape[:axis])
         if self.coerce_2d:
-            self.view = (outer, math.prod(x.shape[axis:]))
+            view = (outer, math.prod(x.shape[axis:]))
         else:
             inner = math.prod(x.shape[axis + 1:])
-            self.view = (outer, x.shape[axis]) + ((inner,) if inner != 1 else ())
-        self.reduced = (outer, 1) + self.view[2:]
-        return [TensorInfo(tuple(x.shape), x.dtype)]
+            view = (outer, x.shape[axis]) + ((inner,) if inner != 1 else ())
+        reduced = (outer, 1) + view[2:]
+        return Inferred([TensorInfo(tuple(x.shape), x.dtype)], reduced=reduced, view=view)
 
     def prepare(self, x):
         # Sums along the last axis as a BLAS matrix-vector product with ones: several times

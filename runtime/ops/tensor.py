@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ExecutionError, ModelError
 from . import exotic_types
-from .registry import REQUIRED, Kernel, TensorInfo, register
+from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
 from .shape import int_list, known_value, normalize_axes, normalize_axis, onnx_dtype, sane_shape
 
 
@@ -53,12 +53,12 @@ class Transpose(Kernel):
     def infer(self, x):
         rank = len(x.shape)
         if self.perm is None:
-            self.axes = list(range(rank))[::-1]
+            axes = list(range(rank))[::-1]
         else:
-            self.axes = normalize_axes(self.node, self.perm, rank, "perm")
-            if len(self.axes) != rank:
+            axes = normalize_axes(self.node, self.perm, rank, "perm")
+            if len(axes) != rank:
                 raise ModelError(f"perm {self.perm} does not permute {rank} axes")
-        return [TensorInfo(tuple(x.shape[a] for a in self.axes), x.dtype)]
+        return Inferred([TensorInfo(tuple(x.shape[a] for a in axes), x.dtype)], axes=axes)
 
     def run(self, x, outs, scratch):
         np.copyto(outs[0], x.transpose(self.axes))
@@ -73,17 +73,17 @@ class Concat(Kernel):
             raise ModelError("needs at least one input and no omitted ones")
         first = inputs[0]
         rank = len(first.shape)
-        self.axis_ = normalize_axis(self.node, self.axis, rank)
+        axis_ = normalize_axis(self.node, self.axis, rank)
         total = 0
         for info in inputs:
             if info.dtype != first.dtype or len(info.shape) != rank or any(
-                    a != b for i, (a, b) in enumerate(zip(info.shape, first.shape)) if i != self.axis_):
+                    a != b for i, (a, b) in enumerate(zip(info.shape, first.shape)) if i != axis_):
                 raise ModelError(f"cannot concatenate "
                                  f"{[(list(i.shape), str(i.dtype)) for i in inputs]} on axis {self.axis}")
-            total += info.shape[self.axis_]
+            total += info.shape[axis_]
         shape = list(first.shape)
-        shape[self.axis_] = total
-        return [TensorInfo(tuple(shape), first.dtype)]
+        shape[axis_] = total
+        return Inferred([TensorInfo(tuple(shape), first.dtype)], axis_=axis_)
 
     def run(self, *inputs, outs, scratch):
         np.concatenate(inputs, axis=self.axis_, out=outs[0])
@@ -112,18 +112,18 @@ class Split(Kernel):
         if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != dim:
             raise ModelError(f"split {sizes} does not cut dimension {dim} "
                              f"into {n} outputs")
-        self.parts = []
+        parts = []
         infos = []
         start = 0
         for s in sizes:
             index = [slice(None)] * len(x.shape)
             index[axis] = slice(start, start + s)
-            self.parts.append(tuple(index))
+            parts.append(tuple(index))
             shape = list(x.shape)
             shape[axis] = s
             infos.append(TensorInfo(tuple(shape), x.dtype))
             start += s
-        return infos
+        return Inferred(infos, parts=parts)
 
     def run(self, x, *rest, outs, scratch):
         for out, part in zip(outs, self.parts):
@@ -202,8 +202,8 @@ class Slice(Kernel):
         return self.starts, self.ends, self.axes, None
 
     def infer(self, x, starts=None, ends=None, axes=None, steps=None):
-        self.index, shape = slice_index(self.node, x.shape, *self.bounds(starts, ends, axes, steps))
-        return [TensorInfo(shape, x.dtype)]
+        index, shape = slice_index(self.node, x.shape, *self.bounds(starts, ends, axes, steps))
+        return Inferred([TensorInfo(shape, x.dtype)], index=index)
 
     def run(self, x, *rest, outs, scratch):
         np.copyto(outs[0], x[self.index])
@@ -225,13 +225,13 @@ class Gather(Kernel):
     attributes = {"axis": 0}
 
     def infer(self, x, indices):
-        self.axis_ = normalize_axis(self.node, self.axis, len(x.shape))
-        self.dim = x.shape[self.axis_]
-        self.constant = None
+        axis_ = normalize_axis(self.node, self.axis, len(x.shape))
+        dim = x.shape[axis_]
+        constant = None
         if indices.value is not None:
-            self.constant = constant_indices(self.node, indices, self.dim)
-        shape = x.shape[:self.axis_] + indices.shape + x.shape[self.axis_ + 1:]
-        return [TensorInfo(shape, x.dtype)]
+            constant = constant_indices(self.node, indices, dim)
+        shape = x.shape[:axis_] + indices.shape + x.shape[axis_ + 1:]
+        return Inferred([TensorInfo(shape, x.dtype)], axis_=axis_, dim=dim, constant=constant)
 
     def prepare(self, x, indices):
         if self.constant is not None:
@@ -254,20 +254,20 @@ class GatherElements(Kernel):
 
     def infer(self, x, indices):
         rank = len(x.shape)
-        self.axis_ = normalize_axis(self.node, self.axis, rank)
+        axis_ = normalize_axis(self.node, self.axis, rank)
         if len(indices.shape) != rank or any(
-                i > d for a, (i, d) in enumerate(zip(indices.shape, x.shape)) if a != self.axis_):
+                i > d for a, (i, d) in enumerate(zip(indices.shape, x.shape)) if a != axis_):
             raise ModelError(f"indices of shape {list(indices.shape)} do not fit "
                              f"data of shape {list(x.shape)}")
-        self.dim = x.shape[self.axis_]
+        dim = x.shape[axis_]
         # Flat positions in x: each index times the axis stride plus where its row starts.
         strides = [int(np.prod(x.shape[a + 1:])) for a in range(rank)]
-        self.stride = strides[self.axis_]
+        stride = strides[axis_]
         grid = np.indices(indices.shape, dtype=np.int64, sparse=True)
-        self.base = sum((g * strides[a] for a, g in enumerate(grid) if a != self.axis_),
-                        np.zeros((), np.int64))
-        self.index_shape = indices.shape
-        return [TensorInfo(indices.shape, x.dtype)]
+        base = sum((g * strides[a] for a, g in enumerate(grid) if a != axis_), np.zeros((), np.int64))
+        index_shape = indices.shape
+        return Inferred([TensorInfo(indices.shape, x.dtype)], axis_=axis_, dim=dim, stride=stride, base=base,
+                        index_shape=index_shape)
 
     def prepare(self, x, indices):
         return [(self.index_shape, np.int64)]
@@ -295,12 +295,10 @@ class GatherND(Kernel):
                 or tuple(x.shape[:b]) != tuple(indices.shape[:b])):
             raise ModelError(f"indices {list(indices.shape)} do not fit data "
                              f"{list(x.shape)} with batch_dims {b}")
-        self.dims = x.shape[b:b + k]
         batch = int(np.prod(x.shape[:b]))
-        self.data_view = (batch,) + tuple(x.shape[b:])
-        self.index_view = (batch, -1, k)
-        self.batch = np.arange(batch).reshape(-1, 1)
-        return [TensorInfo(tuple(indices.shape[:-1]) + tuple(x.shape[b + k:]), x.dtype)]
+        return Inferred([TensorInfo(tuple(indices.shape[:-1]) + tuple(x.shape[b + k:]), x.dtype)],
+                        dims=x.shape[b:b + k], data_view=(batch,) + tuple(x.shape[b:]),
+                        index_view=(batch, -1, k), batch=np.arange(batch).reshape(-1, 1))
 
     def run(self, x, indices, outs, scratch):
         rows = indices.reshape(self.index_view)
@@ -354,8 +352,8 @@ class CastLike(Cast):
 
     def infer(self, x, like):
         check_cast(self.node, x.dtype, like.dtype)
-        self.convert = exotic_types.needs_conversion(like.dtype, self.saturate)
-        return [TensorInfo(x.shape, like.dtype)]
+        convert = exotic_types.needs_conversion(like.dtype, self.saturate)
+        return Inferred([TensorInfo(x.shape, like.dtype)], convert=convert)
 
     def run(self, x, like, outs, scratch):
         super().run(x, outs, scratch)
@@ -390,7 +388,7 @@ class Pad(Kernel):
 
     def infer(self, x, pads=None, constant_value=None, axes=None):
         rank = len(x.shape)
-        pads, self.fill = self.pads_and_fill(x, pads, constant_value, axes)
+        pads, fill = self.pads_and_fill(x, pads, constant_value, axes)
         if len(pads) != 2 * rank:
             raise ModelError(f"{len(pads)} pads for rank {rank}")
         begins, ends = pads[:rank], pads[rank:]
@@ -407,16 +405,16 @@ class Pad(Kernel):
             interior.append(slice(b, b + kept))
             out_shape.append(b + kept + e)
         out_shape = sane_shape(self.node, out_shape, x.dtype)
-        self.crop, self.interior = tuple(crop), tuple(interior)
+        crop, interior = tuple(crop), tuple(interior)
         # The borders, axis by axis: along axis a, the axes before it are complete by then and
         # the axes after it are filled only inside the interior, so the regions tile the
         # output's complement of the interior. Non-constant modes copy from the interior,
         # by a slice when the sources run in order (one copy, no index array).
-        self.borders = []
+        borders = []
         for axis, (dim, inner) in enumerate(zip(out_shape, interior)):
             n = inner.stop - inner.start
             head = (slice(None),) * axis
-            tail = self.interior[axis + 1:]
+            tail = interior[axis + 1:]
             for lo, hi in ((0, inner.start), (inner.stop, dim)):
                 if hi <= lo:
                     continue
@@ -425,8 +423,9 @@ class Pad(Kernel):
                     source = inner.start + border_sources(
                         self.mode, np.arange(lo - inner.start, hi - inner.start), n)
                     source = head + (as_slice(source),) + tail
-                self.borders.append((head + (slice(lo, hi),) + tail, source))
-        return [TensorInfo(tuple(out_shape), x.dtype)]
+                borders.append((head + (slice(lo, hi),) + tail, source))
+        return Inferred([TensorInfo(tuple(out_shape), x.dtype)], fill=fill, crop=crop, interior=interior,
+                        borders=borders)
 
     def run(self, x, pads=None, constant_value=None, axes=None, *, outs, scratch):
         out = outs[0]
@@ -493,10 +492,10 @@ class Tile(Kernel):
         if len(reps) != len(x.shape) or any(r < 0 for r in reps):
             raise ModelError(f"repeats {reps} do not fit shape {list(x.shape)}")
         # The output seen as (r0, d0, r1, d1, ...) receives the input broadcast over the r axes.
-        self.tiled = tuple(v for r, d in zip(reps, x.shape) for v in (r, d))
-        self.spread = tuple(v for d in x.shape for v in (1, d))
+        tiled = tuple(v for r, d in zip(reps, x.shape) for v in (r, d))
+        spread = tuple(v for d in x.shape for v in (1, d))
         shape = sane_shape(self.node, [r * d for r, d in zip(reps, x.shape)], x.dtype)
-        return [TensorInfo(shape, x.dtype)]
+        return Inferred([TensorInfo(shape, x.dtype)], tiled=tiled, spread=spread)
 
     def run(self, x, repeats, outs, scratch):
         np.copyto(outs[0].reshape(self.tiled), x.reshape(self.spread))
@@ -517,8 +516,8 @@ class Trilu(Kernel):
             diagonal = int(value.reshape(-1)[0])
         rows, cols = x.shape[-2:]
         offset = np.arange(cols)[None, :] - np.arange(rows)[:, None]
-        self.keep = offset >= diagonal if self.upper else offset <= diagonal
-        return [TensorInfo(x.shape, x.dtype)]
+        keep = offset >= diagonal if self.upper else offset <= diagonal
+        return Inferred([TensorInfo(x.shape, x.dtype)], keep=keep)
 
     def run(self, x, k=None, *, outs, scratch):
         out = outs[0]
@@ -542,11 +541,11 @@ class DepthToSpace(Kernel):
         b = self.blocksize
         depth = c // (b * b)
         if self.mode == "DCR":
-            self.split, self.order = (n, b, b, depth, h, w), (0, 3, 4, 1, 5, 2)
+            split, order = (n, b, b, depth, h, w), (0, 3, 4, 1, 5, 2)
         else:
-            self.split, self.order = (n, depth, b, b, h, w), (0, 1, 4, 2, 5, 3)
-        self.blocks = (n, depth, h, b, w, b)
-        return [TensorInfo((n, depth, h * b, w * b), x.dtype)]
+            split, order = (n, depth, b, b, h, w), (0, 1, 4, 2, 5, 3)
+        blocks = (n, depth, h, b, w, b)
+        return Inferred([TensorInfo((n, depth, h * b, w * b), x.dtype)], blocks=blocks, split=split, order=order)
 
     def run(self, x, outs, scratch):
         np.copyto(outs[0].reshape(self.blocks), x.reshape(self.split).transpose(self.order))
@@ -562,9 +561,9 @@ class SpaceToDepth(Kernel):
             raise ModelError(f"input shape {list(x.shape)} does not fit "
                              f"blocksize {b}")
         n, c, h, w = x.shape
-        self.split = (n, c, h // b, b, w // b, b)
-        self.blocks = (n, b, b, c, h // b, w // b)
-        return [TensorInfo((n, c * b * b, h // b, w // b), x.dtype)]
+        split = (n, c, h // b, b, w // b, b)
+        blocks = (n, b, b, c, h // b, w // b)
+        return Inferred([TensorInfo((n, c * b * b, h // b, w // b), x.dtype)], split=split, blocks=blocks)
 
     def run(self, x, outs, scratch):
         np.copyto(outs[0].reshape(self.blocks), x.reshape(self.split).transpose(0, 3, 5, 1, 2, 4))
@@ -599,8 +598,8 @@ class ScatterND(Scatter):
                 tuple(updates.shape) != tuple(indices.shape[:-1]) + tuple(data.shape[k:]):
             raise ModelError(f"data {list(data.shape)}, indices "
                              f"{list(indices.shape)} and updates {list(updates.shape)} do not fit")
-        self.dims = data.shape[:k]
-        return [TensorInfo(data.shape, data.dtype)]
+        dims = data.shape[:k]
+        return Inferred([TensorInfo(data.shape, data.dtype)], dims=dims)
 
     def run(self, data, indices, updates, outs, scratch):
         out = outs[0]
@@ -620,16 +619,16 @@ class ScatterElements(Scatter):
 
     def infer(self, data, indices, updates):
         rank = len(data.shape)
-        self.axis_ = normalize_axis(self.node, self.axis, rank)
+        axis_ = normalize_axis(self.node, self.axis, rank)
         if tuple(indices.shape) != tuple(updates.shape) or len(indices.shape) != rank or any(
-                i > d for a, (i, d) in enumerate(zip(indices.shape, data.shape)) if a != self.axis_):
+                i > d for a, (i, d) in enumerate(zip(indices.shape, data.shape)) if a != axis_):
             raise ModelError(f"data {list(data.shape)}, indices "
                              f"{list(indices.shape)} and updates {list(updates.shape)} do not fit")
-        self.dim = data.shape[self.axis_]
+        dim = data.shape[axis_]
         # The position of every update along the axes other than `axis`.
-        self.grid = [np.arange(n).reshape([-1 if a == b else 1 for b in range(rank)])
+        grid = [np.arange(n).reshape([-1 if a == b else 1 for b in range(rank)])
                      for a, n in enumerate(indices.shape)]
-        return [TensorInfo(data.shape, data.dtype)]
+        return Inferred([TensorInfo(data.shape, data.dtype)], axis_=axis_, dim=dim, grid=grid)
 
     def run(self, data, indices, updates, outs, scratch):
         out = outs[0]

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import conv_core
 from .activation import apply_activation
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 from .tflite_ops import fused_activation
 
 DOMAIN = "tflite"
@@ -59,11 +59,11 @@ class Conv2D(WindowKernel):
         o, kh, kw, c_g = _nhwc(self, w, "filter")
         if c_g == 0 or c % c_g:
             self.fail(f"filter depth {c_g} does not divide {c} input channels")
-        self.group = c // c_g
+        group = c // c_g
         if bias is not None and bias.size != o:
             self.fail(f"bias of {bias.size} values for {o} output channels")
-        self.win = self.window((h, wd), (kh, kw))
-        return [TensorInfo((n, *self.win.out_spatial, o), x.dtype)]
+        win = self.window((h, wd), (kh, kw))
+        return Inferred([TensorInfo((n, *win.out_spatial, o), x.dtype)], group=group, win=win)
 
     def prepare(self, x, w, bias=None):
         try:
@@ -89,11 +89,11 @@ class DepthwiseConv2D(WindowKernel):
         if one != 1 or c == 0 or c_out % c:
             self.fail(f"filter of shape {tuple(w.shape)} does not fit {c} input channels")
         # depth_multiplier is redundant with the filter (and 0 in some files): the filter decides.
-        self.multiplier = c_out // c
+        multiplier = c_out // c
         if bias is not None and bias.size != c_out:
             self.fail(f"bias of {bias.size} values for {c_out} output channels")
-        self.win = self.window((h, wd), (kh, kw))
-        return [TensorInfo((n, *self.win.out_spatial, c_out), x.dtype)]
+        win = self.window((h, wd), (kh, kw))
+        return Inferred([TensorInfo((n, *win.out_spatial, c_out), x.dtype)], multiplier=multiplier, win=win)
 
     def prepare(self, x, w, bias=None):
         c, c_out = x.shape[3], w.shape[3]
@@ -139,12 +139,11 @@ class TransposeConvKernel(Kernel):
         if c_in != c:
             self.fail(f"filter depth {c_in} differs from {c} input channels")
         try:
-            self.win = conv_core.make_transpose_window((h, wd), (kh, kw), strides, auto_pad="SAME_UPPER",
-                                                       output_shape=out_hw)
+            win = conv_core.make_transpose_window((h, wd), (kh, kw), strides, auto_pad="SAME_UPPER",
+                                                  output_shape=out_hw)
         except ValueError as e:
             self.fail(str(e))
-        self.shapes = ((n, c, h, wd), (n, o, *out_hw))
-        return [TensorInfo((n, *out_hw, o), x.dtype)]
+        return Inferred([TensorInfo((n, *out_hw, o), x.dtype)], win=win, shapes=((n, c, h, wd), (n, o, *out_hw)))
 
     def prepare_filter(self, x, w, index):
         try:
@@ -249,8 +248,8 @@ class Pool2D(WindowKernel):
 
     def infer(self, x):
         n, h, w, c = _nhwc(self, x, "input")
-        self.win = self.window((h, w), (self.filter_height, self.filter_width))
-        return [TensorInfo((n, *self.win.out_spatial, c), x.dtype)]
+        win = self.window((h, w), (self.filter_height, self.filter_width))
+        return Inferred([TensorInfo((n, *win.out_spatial, c), x.dtype)], win=win)
 
     def prepare(self, x):
         # TFLite's average counts only the taps inside the input.

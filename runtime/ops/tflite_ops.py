@@ -17,7 +17,7 @@ import numpy as np
 
 from . import activation as act
 from .elementwise import PRelu, broadcast_shape
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 from .resize import ResizeCore
 from .shape import int_list, known_value, normalize_axes, sane_shape
 from .softmax import LogSoftmax, Softmax
@@ -101,8 +101,8 @@ class FullyConnected(Kernel):
             shape = tuple(x.shape[:-1]) + (units,)
         else:
             shape = (x.size // depth, units)
-        self.rows = (x.size // depth, depth)
-        return [TensorInfo(shape, x.dtype)]
+        rows = (x.size // depth, depth)
+        return Inferred([TensorInfo(shape, x.dtype)], rows=rows)
 
     def run(self, x, w, bias=None, *, outs, scratch):
         out = outs[0].reshape(-1, w.shape[0])
@@ -291,13 +291,12 @@ class Reduction(Kernel):
     def infer(self, x, axes):
         rank = len(x.shape)
         values = int_list(self.node, axes, "axis")
-        self.axes = tuple(sorted(set(normalize_axes(self.node, values, rank)))) if rank else ()
-        kept = tuple(1 if i in self.axes else d for i, d in enumerate(x.shape))
-        self.kept = kept
-        shape = kept if self.keep_dims else tuple(d for i, d in enumerate(x.shape) if i not in self.axes)
-        if self.reducer in (np.maximum, np.minimum) and any(x.shape[a] == 0 for a in self.axes):
+        reduced = tuple(sorted(set(normalize_axes(self.node, values, rank)))) if rank else ()
+        kept = tuple(1 if i in reduced else d for i, d in enumerate(x.shape))
+        shape = kept if self.keep_dims else tuple(d for i, d in enumerate(x.shape) if i not in reduced)
+        if self.reducer in (np.maximum, np.minimum) and any(x.shape[a] == 0 for a in reduced):
             self.fail("cannot take the extremum of an empty axis")
-        return [TensorInfo(shape, x.dtype)]
+        return Inferred([TensorInfo(shape, x.dtype)], axes=reduced, kept=kept)
 
     def run(self, x, axes, *, outs, scratch):
         out = outs[0].reshape(self.kept)
@@ -330,8 +329,8 @@ class ArgExtremum(Kernel):
 
     def infer(self, x, axis):
         (value,) = int_list(self.node, axis, "axis")
-        self.axis = _axis(self, value, len(x.shape))
-        return [TensorInfo(tuple(d for i, d in enumerate(x.shape) if i != self.axis), self.dtype)]
+        n = _axis(self, value, len(x.shape))
+        return Inferred([TensorInfo(tuple(d for i, d in enumerate(x.shape) if i != n), self.dtype)], axis=n)
 
     def run(self, x, axis, *, outs, scratch):
         return self.pick(x, axis=self.axis)
@@ -425,16 +424,16 @@ class Concatenation(Kernel):
     def infer(self, *inputs):
         first = inputs[0]
         rank = len(first.shape)
-        self.concat_axis = _axis(self, self.axis, rank)
+        concat_axis = _axis(self, self.axis, rank)
         total = 0
         for info in inputs:
             if len(info.shape) != rank or any(a != b for i, (a, b) in enumerate(zip(info.shape, first.shape))
-                                              if i != self.concat_axis):
+                                              if i != concat_axis):
                 self.fail(f"input shapes {[i.shape for i in inputs]} do not concatenate on axis {self.axis}")
-            total += info.shape[self.concat_axis]
+            total += info.shape[concat_axis]
         shape = list(first.shape)
-        shape[self.concat_axis] = total
-        return [TensorInfo(tuple(shape), first.dtype)]
+        shape[concat_axis] = total
+        return Inferred([TensorInfo(tuple(shape), first.dtype)], concat_axis=concat_axis)
 
     def run(self, *inputs, outs, scratch):
         np.concatenate(inputs, axis=self.concat_axis, out=outs[0])
@@ -449,10 +448,10 @@ class Pack(Kernel):
         first = inputs[0]
         if any(tuple(i.shape) != tuple(first.shape) for i in inputs):
             self.fail(f"input shapes {[i.shape for i in inputs]} differ")
-        self.stack_axis = _axis(self, self.axis, len(first.shape) + 1)
+        stack_axis = _axis(self, self.axis, len(first.shape) + 1)
         shape = list(first.shape)
-        shape.insert(self.stack_axis, len(inputs))
-        return [TensorInfo(tuple(shape), first.dtype)]
+        shape.insert(stack_axis, len(inputs))
+        return Inferred([TensorInfo(tuple(shape), first.dtype)], stack_axis=stack_axis)
 
     def run(self, *inputs, outs, scratch):
         np.stack(inputs, axis=self.stack_axis, out=outs[0])
@@ -463,12 +462,12 @@ class Unpack(Kernel):
     attributes = {"num": 0, "axis": 0}
 
     def infer(self, x):
-        self.split_axis = _axis(self, self.axis, len(x.shape))
-        n = x.shape[self.split_axis]
+        split_axis = _axis(self, self.axis, len(x.shape))
+        n = x.shape[split_axis]
         if self.num and self.num != n:
             self.fail(f"num {self.num} differs from the axis size {n}")
-        shape = tuple(d for i, d in enumerate(x.shape) if i != self.split_axis)
-        return [TensorInfo(shape, x.dtype) for _ in range(n)]
+        shape = tuple(d for i, d in enumerate(x.shape) if i != split_axis)
+        return Inferred([TensorInfo(shape, x.dtype) for _ in range(n)], split_axis=split_axis)
 
     def run(self, x, *, outs, scratch):
         for i, out in enumerate(outs):
@@ -477,15 +476,13 @@ class Unpack(Kernel):
 
 class SplitBase(Kernel):
     def split(self, x, sizes, axis):
-        rank = len(x.shape)
-        self.split_axis = _axis(self, axis, rank)
-        self.bounds = np.cumsum([0] + list(sizes)).tolist()
+        split_axis = _axis(self, axis, len(x.shape))
         infos = []
         for s in sizes:
             shape = list(x.shape)
-            shape[self.split_axis] = s
+            shape[split_axis] = s
             infos.append(TensorInfo(tuple(shape), x.dtype))
-        return infos
+        return Inferred(infos, split_axis=split_axis, bounds=np.cumsum([0] + list(sizes)).tolist())
 
     def copy_parts(self, x, outs):
         lead = (slice(None),) * self.split_axis
@@ -530,10 +527,10 @@ class SplitV(SplitBase):
 @tfl("TRANSPOSE")
 class TflTranspose(Kernel):
     def infer(self, x, perm):
-        self.perm = tuple(int_list(self.node, perm, "perm"))
-        if sorted(self.perm) != list(range(len(x.shape))):
-            self.fail(f"perm {list(self.perm)} is not a permutation of {len(x.shape)} axes")
-        return [TensorInfo(tuple(x.shape[p] for p in self.perm), x.dtype)]
+        axes = tuple(int_list(self.node, perm, "perm"))
+        if sorted(axes) != list(range(len(x.shape))):
+            self.fail(f"perm {list(axes)} is not a permutation of {len(x.shape)} axes")
+        return Inferred([TensorInfo(tuple(x.shape[p] for p in axes), x.dtype)], perm=axes)
 
     def run(self, x, perm, *, outs, scratch):
         np.copyto(outs[0], x.transpose(self.perm))
@@ -552,8 +549,7 @@ class TflSlice(Kernel):
             if not 0 <= b <= e <= d:
                 self.fail(f"slice [{b}, {e}) is outside an axis of {d}")
             index.append(slice(b, e))
-        self.index = tuple(index)
-        return [TensorInfo(tuple(s.stop - s.start for s in index), x.dtype)]
+        return Inferred([TensorInfo(tuple(s.stop - s.start for s in index), x.dtype)], index=tuple(index))
 
     def run(self, x, begin, size, *, outs, scratch):
         np.copyto(outs[0], x[self.index])
@@ -588,14 +584,14 @@ class StridedSlice(Kernel):
                     e = b + e
                 index.append(slice(None if self.begin_mask & bit else b,
                                    None if self.end_mask & bit else e, s))
-        self.index = tuple(index)
+        index = tuple(index)
         # The index applied to a zero-stride stand-in of the input gives the output shape.
         stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, np.bool_), x.shape, (0,) * len(x.shape))
         try:
-            shape = stand_in[self.index].shape
+            shape = stand_in[index].shape
         except (IndexError, ValueError) as e:
             self.fail(f"cannot slice shape {x.shape}: {e}")
-        return [TensorInfo(tuple(shape), x.dtype)]
+        return Inferred([TensorInfo(tuple(shape), x.dtype)], index=index)
 
     def run(self, x, begin, end, strides=None, *, outs, scratch):
         np.copyto(outs[0], x[self.index])
@@ -608,9 +604,9 @@ class TflGather(Kernel):
     def infer(self, x, indices):
         if self.batch_dims:
             self.fail("batch_dims is not supported")
-        self.gather_axis = _axis(self, self.axis, len(x.shape))
-        a = self.gather_axis
-        return [TensorInfo(tuple(x.shape[:a]) + tuple(indices.shape) + tuple(x.shape[a + 1:]), x.dtype)]
+        a = _axis(self, self.axis, len(x.shape))
+        return Inferred([TensorInfo(tuple(x.shape[:a]) + tuple(indices.shape) + tuple(x.shape[a + 1:]), x.dtype)],
+                        gather_axis=a)
 
     def run(self, x, indices, *, outs, scratch):
         np.take(x, indices, axis=self.gather_axis, out=outs[0], mode="clip")
@@ -625,14 +621,14 @@ class Pad(Kernel):
         if pads.shape != (len(x.shape), 2) or (pads < 0).any():
             self.fail(f"paddings of shape {pads.shape} do not fit rank {len(x.shape)}")
         shape = sane_shape(self.node, [d + int(p.sum()) for d, p in zip(x.shape, pads)], x.dtype)
-        self.interior = tuple(slice(int(b), int(b) + d) for (b, _), d in zip(pads, x.shape))
+        interior = tuple(slice(int(b), int(b) + d) for (b, _), d in zip(pads, x.shape))
         # Border slabs: per axis, the begin and end pads over the full extent of the other axes.
-        self.borders = []
+        borders = []
         for axis, (b, e) in enumerate(pads):
-            lead = tuple(self.interior[:axis])
+            lead = tuple(interior[:axis])
             for part in ((slice(0, int(b)),) if b else ()) + ((slice(shape[axis] - int(e), None),) if e else ()):
-                self.borders.append(lead + (part,))
-        return [TensorInfo(shape, x.dtype)]
+                borders.append(lead + (part,))
+        return Inferred([TensorInfo(shape, x.dtype)], interior=interior, borders=borders)
 
     def run(self, x, paddings, value=None, *, outs, scratch):
         out = outs[0]
@@ -654,9 +650,9 @@ class DepthToSpace(Kernel):
         b = self.block_size
         if b < 1 or c % (b * b):
             self.fail(f"{c} channels do not split into blocks of {b}x{b}")
-        self.view = (n, h, w, b, b, c // (b * b))
-        self.out_view = (n, h, b, w, b, c // (b * b))
-        return [TensorInfo((n, h * b, w * b, c // (b * b)), x.dtype)]
+        view = (n, h, w, b, b, c // (b * b))
+        out_view = (n, h, b, w, b, c // (b * b))
+        return Inferred([TensorInfo((n, h * b, w * b, c // (b * b)), x.dtype)], view=view, out_view=out_view)
 
     def run(self, x, *, outs, scratch):
         np.copyto(outs[0].reshape(self.out_view), x.reshape(self.view).transpose(0, 1, 3, 2, 4, 5))
@@ -671,9 +667,9 @@ class SpaceToDepth(Kernel):
         b = self.block_size
         if b < 1 or h % b or w % b:
             self.fail(f"spatial shape {h}x{w} does not split into blocks of {b}")
-        self.view = (n, h // b, b, w // b, b, c)
-        self.out_view = (n, h // b, w // b, b, b, c)
-        return [TensorInfo((n, h // b, w // b, c * b * b), x.dtype)]
+        view = (n, h // b, b, w // b, b, c)
+        out_view = (n, h // b, w // b, b, b, c)
+        return Inferred([TensorInfo((n, h // b, w // b, c * b * b), x.dtype)], view=view, out_view=out_view)
 
     def run(self, x, *, outs, scratch):
         np.copyto(outs[0].reshape(self.out_view), x.reshape(self.view).transpose(0, 1, 3, 2, 4, 5))
@@ -682,13 +678,13 @@ class SpaceToDepth(Kernel):
 @tfl("TILE")
 class TflTile(Kernel):
     def infer(self, x, multiples):
-        self.reps = int_list(self.node, multiples, "multiples")
-        if len(self.reps) != len(x.shape) or min(self.reps, default=1) < 0:
-            self.fail(f"multiples {self.reps} do not fit shape {x.shape}")
-        shape = sane_shape(self.node, [d * r for d, r in zip(x.shape, self.reps)], x.dtype)
-        self.view = tuple(v for d, r in zip(x.shape, self.reps) for v in (r, d))
-        self.source = tuple(v for d in x.shape for v in (1, d))
-        return [TensorInfo(shape, x.dtype)]
+        reps = int_list(self.node, multiples, "multiples")
+        if len(reps) != len(x.shape) or min(reps, default=1) < 0:
+            self.fail(f"multiples {reps} do not fit shape {x.shape}")
+        shape = sane_shape(self.node, [d * r for d, r in zip(x.shape, reps)], x.dtype)
+        view = tuple(v for d, r in zip(x.shape, reps) for v in (r, d))
+        source = tuple(v for d in x.shape for v in (1, d))
+        return Inferred([TensorInfo(shape, x.dtype)], reps=reps, view=view, source=source)
 
     def run(self, x, multiples, *, outs, scratch):
         np.copyto(outs[0].reshape(self.view), x.reshape(self.source))
@@ -755,8 +751,8 @@ class TflCast(Kernel):
     def infer(self, x):
         if self.out_data_type is None:
             self.fail("out_data_type is not given")
-        self.dtype = tensor_type(self, self.out_data_type, "out_data_type")
-        return [TensorInfo(tuple(x.shape), self.dtype)]
+        dtype = tensor_type(self, self.out_data_type, "out_data_type")
+        return Inferred([TensorInfo(tuple(x.shape), dtype)], dtype=dtype)
 
     def run(self, x, *, outs, scratch):
         np.copyto(outs[0], x, casting="unsafe")
@@ -791,7 +787,7 @@ class Dequantize(Kernel):
     attributes = {"quantization": None}
 
     def infer(self, x):
-        self.scale = self.zero_point = None
+        scale = zero_point = None
         if x.dtype != np.float16:
             q = (self.quantization or {}).get(self.node.inputs[0])
             if q is None:
@@ -800,22 +796,22 @@ class Dequantize(Kernel):
             scale, zero = np.asarray(q["scale"], np.float32), np.asarray(q["zero_point"], np.float32)
             if scale.size > 1:
                 shape[q.get("axis", 0)] = -1
-            self.scale, self.zero_point = scale.reshape(shape), zero.reshape(shape)
-        if x.value is not None:
+            scale, zero_point = scale.reshape(shape), zero.reshape(shape)
+        if x.value is not None:  # converted now: no step runs for it
             out = np.empty(x.shape, np.float32)
-            self.convert(x.value, out)
-            self.packed = frozenset({0})
+            self.convert(x.value, out, scale, zero_point)
             return [TensorInfo(tuple(x.shape), np.dtype(np.float32), out)]
-        return [TensorInfo(tuple(x.shape), np.dtype(np.float32))]
+        return Inferred([TensorInfo(tuple(x.shape), np.dtype(np.float32))], scale=scale, zero_point=zero_point)
 
-    def convert(self, x, out):
+    @staticmethod
+    def convert(x, out, scale, zero_point):
         np.copyto(out, x, casting="unsafe")
-        if self.scale is not None:
-            np.subtract(out, self.zero_point, out=out)
-            np.multiply(out, self.scale, out=out)
+        if scale is not None:
+            np.subtract(out, zero_point, out=out)
+            np.multiply(out, scale, out=out)
 
     def run(self, x, *, outs, scratch):
-        self.convert(x, outs[0])
+        self.convert(x, outs[0], self.scale, self.zero_point)
 
 
 @tfl("DENSIFY")
@@ -828,8 +824,7 @@ class Densify(Kernel):
         if x.value is None or self.sparsity is None:
             self.fail("DENSIFY needs a constant input and its sparsity parameters")
         dense = densify(self, np.asarray(x.value), self.sparsity, x.shape)
-        self.packed = frozenset({0})
-        return [TensorInfo(tuple(dense.shape), dense.dtype, dense)]
+        return [TensorInfo(tuple(dense.shape), dense.dtype, dense)]  # made now: no step runs for it
 
     def run(self, x, *, outs, scratch):
         self.fail("DENSIFY runs at PREPARE only")

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .registry import Kernel, TensorInfo, register
+from .registry import Inferred, Kernel, TensorInfo, register
 from .shape import normalize_axis
 
 
@@ -171,8 +171,7 @@ class AffineGrid(Kernel):
             self.fail(f"theta has shape {theta.shape}; expected {(size[0], r, r + 1)}")
         if min(size) < 0:
             self.fail(f"size {size} has a negative dimension")
-        self.spatial = spatial
-        return [TensorInfo((size[0], *spatial, r), theta.dtype)]
+        return Inferred([TensorInfo((size[0], *spatial, r), theta.dtype)], spatial=spatial)
 
     def prepare(self, theta, size):
         # Homogeneous base coordinates (prod(spatial), r + 1), innermost axis first: (x, y, [z,] 1).
@@ -292,8 +291,7 @@ class NonMaxSuppression(Kernel):
         values = tuple(_value(info, self, name) for name, info in zip(names, infos))
         selected = self.select(*values)
         # Run with these very arrays (an eager step) returns this selection, not a second one.
-        self.selected = (values, selected)
-        return [TensorInfo(selected.shape, np.dtype(np.int64), selected)]
+        return Inferred([TensorInfo(selected.shape, np.dtype(np.int64), selected)], selected=(values, selected))
 
     def corners(self, boxes):
         """(y_min, x_min, y_max, x_max) of every box, whichever way its corners were given."""
@@ -367,22 +365,22 @@ class Col2Im(Kernel):
         r = len(image)
         if len(block) != r or r == 0 or min(image + block) <= 0:
             self.fail(f"image_shape {image} and block_shape {block} must be positive and of one length")
-        self.dilations = _ints(self, "dilations", 1, r)
-        self.strides = _ints(self, "strides", 1, r)
-        self.pads = _ints(self, "pads", 0, 2 * r)
+        dilations = _ints(self, "dilations", 1, r)
+        strides = _ints(self, "strides", 1, r)
+        pads = _ints(self, "pads", 0, 2 * r)
         blocks = math.prod(block)
         if len(cols.shape) != 3 or cols.shape[1] % blocks:
             self.fail(f"input {cols.shape} must be (N, C * {blocks}, L)")
         counts = []
         for a in range(r):
-            span = self.dilations[a] * (block[a] - 1) + 1
-            padded = image[a] + self.pads[a] + self.pads[a + r]
-            counts.append((padded - span) // self.strides[a] + 1)
+            span = dilations[a] * (block[a] - 1) + 1
+            padded = image[a] + pads[a] + pads[a + r]
+            counts.append((padded - span) // strides[a] + 1)
         if math.prod(counts) != cols.shape[2] or min(counts) <= 0:
             self.fail(f"input has {cols.shape[2]} blocks; image {image}, block {block}, pads, "
                       f"strides and dilations give {counts}")
-        self.image, self.block, self.counts = image, block, counts
-        return [TensorInfo((cols.shape[0], cols.shape[1] // blocks, *image), cols.dtype)]
+        return Inferred([TensorInfo((cols.shape[0], cols.shape[1] // blocks, *image), cols.dtype)],
+                        image=image, block=block, counts=counts, dilations=dilations, strides=strides, pads=pads)
 
     def run(self, cols, image_shape, block_shape, *, outs, scratch):
         r = len(self.image)
@@ -411,18 +409,18 @@ class CenterCropPad(Kernel):
         if len(target) != len(axes) or len(set(axes)) != len(axes) or min(target, default=0) < 0:
             self.fail(f"shape {target} does not fit axes {axes}")
         out_shape = list(x.shape)
-        self.source, self.dest = [slice(None)] * rank, [slice(None)] * rank
+        source, dest = [slice(None)] * rank, [slice(None)] * rank
         for a, t in zip(axes, target):
             size = x.shape[a]
             out_shape[a] = t
             if t < size:
                 start = (size - t) // 2
-                self.source[a] = slice(start, start + t)
+                source[a] = slice(start, start + t)
             elif t > size:
                 start = (t - size) // 2
-                self.dest[a] = slice(start, start + size)
-        self.pads = tuple(out_shape) != tuple(min(s, o) for s, o in zip(x.shape, out_shape))
-        return [TensorInfo(tuple(out_shape), x.dtype)]
+                dest[a] = slice(start, start + size)
+        pads = tuple(out_shape) != tuple(min(s, o) for s, o in zip(x.shape, out_shape))
+        return Inferred([TensorInfo(tuple(out_shape), x.dtype)], source=source, dest=dest, pads=pads)
 
     def run(self, x, shape, *, outs, scratch):
         if self.pads:
@@ -449,15 +447,15 @@ class DeformConv(Kernel):
         kernel = list(self.kernel_shape or w.shape[2:])
         if tuple(kernel) != tuple(w.shape[2:]):
             self.fail(f"kernel_shape {kernel} does not match W {w.shape}")
-        self.dilations = _ints(self, "dilations", 1, r)
-        self.strides = _ints(self, "strides", 1, r)
-        self.pads = _ints(self, "pads", 0, 2 * r)
+        dilations = _ints(self, "dilations", 1, r)
+        strides = _ints(self, "strides", 1, r)
+        pads = _ints(self, "pads", 0, 2 * r)
         g, og = self.group, self.offset_group
         if g <= 0 or og <= 0 or c != w.shape[1] * g or oc % g or c % og:
             self.fail(f"channels of X {x.shape} and W {w.shape} do not fit group {g} and "
                       f"offset_group {og}")
-        out = [(x.shape[2 + a] + self.pads[a] + self.pads[a + r]
-                - self.dilations[a] * (kernel[a] - 1) - 1) // self.strides[a] + 1 for a in range(r)]
+        out = [(x.shape[2 + a] + pads[a] + pads[a + r]
+                - dilations[a] * (kernel[a] - 1) - 1) // strides[a] + 1 for a in range(r)]
         taps = math.prod(kernel)
         if tuple(offset.shape) != (n, og * taps * r, *out):
             self.fail(f"offset has shape {offset.shape}; expected {(n, og * taps * r, *out)}")
@@ -465,8 +463,8 @@ class DeformConv(Kernel):
             self.fail(f"mask has shape {mask.shape}; expected {(n, og * taps, *out)}")
         if b is not None and tuple(b.shape) != (oc,):
             self.fail(f"B has shape {b.shape}; expected ({oc},)")
-        self.kernel, self.out = kernel, out
-        return [TensorInfo((n, oc, *out), x.dtype)]
+        return Inferred([TensorInfo((n, oc, *out), x.dtype)], kernel=kernel, out=out, dilations=dilations,
+                        strides=strides, pads=pads)
 
     def prepare(self, x, w, *rest):
         r = len(self.kernel)
