@@ -460,22 +460,13 @@ def _aligned(value, weight, release):
 
 
 def _packed_bytes(plan, weights, initializers):
-    """Anonymous weight bytes the plan holds: folded/packed arrays, not mapped views."""
-    total = 0
-    seen = set()
-
-    def count(a):
-        nonlocal total
-        if isinstance(a, np.ndarray) and a.base is None and id(a) not in seen:
-            seen.add(id(a))
-            total += a.nbytes
-
+    """Anonymous weight bytes the plan holds: what rewrites and folding made (arrays, not mapped
+    views) and what kernels packed (`Kernel.pack`)."""
+    made = {}
     for name, value in weights.items():
         if name not in initializers:
-            count(value)
+            made[id(value)] = value
     for value in plan.constants.values():
-        count(value)
-    for step in plan.steps:
-        for value in vars(step.kernel).values():
-            count(value)
-    return total
+        made[id(value)] = value
+    total = sum(a.nbytes for a in made.values() if isinstance(a, np.ndarray) and a.base is None)
+    return total + sum(step.kernel.packed_bytes for step in plan.steps)

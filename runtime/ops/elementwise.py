@@ -407,12 +407,10 @@ class Clip(Kernel):
 
     def prepare(self, x, lo=None, hi=None):
         self.lo = self.hi = None
-        packed = set()
         for index, bound in ((1, lo), (2, hi)):
             if bound is not None and bound.value is not None:
                 setattr(self, "lo" if index == 1 else "hi", bound.value.reshape(()).item())
-                packed.add(index)
-        self.packed = frozenset(packed)
+                self.pack({index}, ())  # a Python scalar now
         return []
 
     def run(self, x, lo=None, hi=None, *, outs, scratch):

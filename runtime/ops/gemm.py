@@ -46,7 +46,6 @@ class Gemm(Kernel):
         # when it is a constant (it is usually a bias of N values), else per run into scratch.
         self.bias = None
         self.scale_c = False
-        self.packed = frozenset()
         if c is None or self.beta == 0:
             self.add_c = False
             return []
@@ -54,8 +53,7 @@ class Gemm(Kernel):
         if self.beta == 1:
             return []
         if c.value is not None:
-            self.bias = np.multiply(c.value, c.dtype.type(self.beta))
-            self.packed = frozenset({2})
+            self.bias = self.pack({2}, np.multiply(c.value, c.dtype.type(self.beta)))
             return []
         self.scale_c = True
         return [(tuple(c.shape), c.dtype)]

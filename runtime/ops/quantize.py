@@ -329,8 +329,7 @@ class _IntegerMatMul(Kernel):
                           np.empty(self.b_shape, np.float64))
             column_norm = float(np.abs(b_f).sum(axis=-2).max()) if b_f.size else 0.0
             self.acc_dtype = accumulator_dtype(self.a_span * column_norm)
-            self.b_packed = b_f.astype(self.acc_dtype, copy=False)
-            self.packed = frozenset({self.b_index})
+            self.b_packed = self.pack({self.b_index}, b_f.astype(self.acc_dtype, copy=False))
 
     def matmul_scratch(self):
         size = math.prod(self.a_shape) + math.prod(self.acc_shape)
@@ -465,8 +464,7 @@ class _IntegerConv(_ConvBase):
             w_f = shifted(w.value, zp, self.w_zp_shape, np.empty(self.w_shape, np.float64))
             filter_norm = float(np.abs(w_f).reshape(len(w_f), -1).sum(axis=1).max()) if w_f.size else 0.0
             self.acc_dtype = accumulator_dtype(self.x_span * filter_norm)
-            self.w_packed = w_f.astype(self.acc_dtype, copy=False)
-            self.packed = frozenset({self.w_index})
+            self.w_packed = self.pack({self.w_index}, w_f.astype(self.acc_dtype, copy=False))
         self.plan = None
         return self.conv_scratch()
 

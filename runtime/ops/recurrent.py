@@ -221,19 +221,15 @@ class Recurrent(Kernel):
         return b[:, :g] + b[:, g:]
 
     def prepare(self, x, w, r, b=None, sequence_lens=None, initial_h=None, *rest):
-        packed = set()
         self.halved = self.sigmoid_gates > 0 and self.plain_sigmoid(*rest)
         self.recurrent_t = None
         if r.value is not None:
             # The per-step GEMM h @ R^T runs several times faster on a contiguous R^T than on a
             # transposed view when the batch is small: R is packed once (its mapped pages freed).
-            self.recurrent_t = self.pack_recurrent(r.value)
-            packed.add(2)
+            self.recurrent_t = self.pack({2}, self.pack_recurrent(r.value))
         self.bias = None
         if b is not None and b.value is not None:
-            self.bias = self.input_bias(np.asarray(b.value))
-            packed.add(3)
-        self.packed = frozenset(packed)
+            self.bias = self.pack({3}, self.input_bias(np.asarray(b.value)))
         dtype = x.dtype
         projected = (self.seq if self.layout == 0 else self.batch,
                      self.batch if self.layout == 0 else self.seq,

@@ -70,7 +70,7 @@ class Reduce(Kernel):
 
     def prepare(self, x, axes_input=None):
         if axes_input is not None:
-            self.packed = frozenset({1})
+            self.pack({1}, ())  # the axes are settled: run does not read them
         if self.matvec is not None:
             self.weights = np.full(self.count, self.matvec_weight(self.count), x.dtype)
         if self.count == 0:

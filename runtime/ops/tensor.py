@@ -235,7 +235,7 @@ class Gather(Kernel):
 
     def prepare(self, x, indices):
         if self.constant is not None:
-            self.packed = frozenset({1})
+            self.pack({1}, self.constant)
         return []
 
     def run(self, x, indices, outs, scratch):
