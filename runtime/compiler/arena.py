@@ -4,8 +4,9 @@ The problem is NP-complete (SmartPool, see shared/seeds); like TFLite's
 ArenaPlanner we place buffers one at a time, each at the best-fitting gap
 among the buffers it overlaps in time. The order of placement matters, so
 several are tried and the smallest arena kept: largest first, earliest first,
-longest-lived first, largest in bytes x steps first, latest-ending first, and "greedy by breadth" (TFLite's second strategy: the
-buffers of the step with the most live bytes first). All are cheap.
+longest-lived first, largest in bytes x steps first, latest-ending first, and
+"greedy by breadth" (TFLite's second strategy: the buffers of the step with the
+most live bytes first). All are cheap.
 """
 
 ALIGNMENT = 64
