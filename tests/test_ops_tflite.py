@@ -528,3 +528,24 @@ def test_session_on_tflite_file(tmp_path):
     expected = run_litert(model, [x])
     got = nnrun.InferenceSession(str(path)).run(None, {"x": x})
     assert_close(got[0], expected[0])
+
+
+INT32_OPERANDS = (np.array([7, -7, 7, -7, 2**31 - 1, -2**31 + 1, 0, 5, -2**31 + 1], np.int32),
+                  np.array([2, 2, -2, -2, 3, 7, 3, -3, 2**31 - 1], np.int32))
+
+
+@pytest.mark.parametrize("op", ["DIV", "FLOOR_DIV", "FLOOR_MOD"])
+def test_integer_division_matches_litert(op):
+    """DIV truncates toward zero, FLOOR_DIV and FLOOR_MOD round down, all exactly, as LiteRT's."""
+    a, b = INT32_OPERANDS
+    check(op, [inp("a", a), inp("b", b)], attrs={"fused_activation_function": "NONE"} if op == "DIV" else {})
+
+
+def test_int64_division_stays_in_integers():
+    """LiteRT has no int64 DIV; nnrun's truncates exactly, also beyond 2**53 where a double rounds.
+    The oracle is Python's integer arithmetic."""
+    a = np.array([2**53 + 1, -(2**53 + 1), 2**62 + 3, 7, -7], np.int64)
+    b = np.array([1, 1, 3, -2, 2], np.int64)
+    (got,) = run_nnrun("DIV", [("a", a, False), ("b", b, False)], 1, {"fused_activation_function": "NONE"})
+    want = [abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1) for x, y in zip(a.tolist(), b.tolist())]
+    assert got.tolist() == want

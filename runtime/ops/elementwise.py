@@ -101,23 +101,32 @@ class Div(Binary):
             divide = self.floor_divide
         else:
             divide = self.truncate_divide
-        return Inferred(super().infer(a, b), run=divide)  # the chosen division is the kernel's run
+        return Inferred(super().infer(a, b), divide=divide)
 
-    def divide(self, a, b, *, outs, scratch):
-        np.divide(a, b, out=outs[0])
+    def run(self, a, b, *, outs, scratch):
+        self.divide(a, b, outs[0])
+        if self.activation is not None:
+            activation.apply_activation(outs[0], self.activation)
 
-    def divide_in_double(self, a, b, *, outs, scratch):
-        # For operands below 2**32 the double quotient is close enough to truncate exactly, and
-        # the unsafe cast back to the integer type truncates toward zero: one pass, no temporary.
+    @staticmethod
+    def divide(a, b, out):
+        np.divide(a, b, out=out)
+
+    @staticmethod
+    def divide_in_double(a, b, out):
+        # Exact for operands below 2**32: the double quotient q = a / b is off by at most
+        # |q| * 2**-53 < 2**-21 / |b|, less than its distance 1 / |b| from the next integer
+        # when it is not one; the unsafe cast back truncates toward zero. One pass, no temporary.
         with np.errstate(divide="ignore", invalid="ignore"):
-            np.divide(a, b, out=outs[0], dtype=np.float64, casting="unsafe")
+            np.divide(a, b, out=out, dtype=np.float64, casting="unsafe")
 
-    def floor_divide(self, a, b, *, outs, scratch):
+    @staticmethod
+    def floor_divide(a, b, out):
         with np.errstate(divide="ignore"):
-            np.floor_divide(a, b, out=outs[0])
+            np.floor_divide(a, b, out=out)
 
-    def truncate_divide(self, a, b, *, outs, scratch):
-        out = outs[0]
+    @staticmethod
+    def truncate_divide(a, b, out):
         with np.errstate(divide="ignore", invalid="ignore"):
             np.floor_divide(a, b, out=out)
             # Floor and truncation differ by one where the remainder is non-zero and the

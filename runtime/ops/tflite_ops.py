@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from . import activation as act
-from .elementwise import PRelu, broadcast_shape
+from .elementwise import Binary, Div, PRelu, broadcast_shape
 from .registry import Inferred, Kernel, TensorInfo, register
 from .resize import ResizeCore
 from .shape import int_list, known_value, normalize_axes, sane_shape
@@ -115,45 +115,24 @@ class FullyConnected(Kernel):
 # --------------------------------------------------------------------------- elementwise
 
 
-class FusedBinary(Kernel):
-    """A broadcasting binary op with TFLite's fused activation."""
+class FusedActivation:
+    """TFLite's fused_activation_function as the activation ONNX's binary kernels apply."""
 
     attributes = {"fused_activation_function": "NONE"}
-    ufunc = None
 
     def decode(self):
         self.activation = fused_activation(self, self.fused_activation_function)
 
-    def infer(self, a, b):
-        return [TensorInfo(broadcast_shape(self.node, a.shape, b.shape), a.dtype)]
 
-    def run(self, a, b, *, outs, scratch):
-        self.compute(a, b, outs[0])
-        act.apply_activation(outs[0], self.activation)
-
-    def compute(self, a, b, out):
-        self.ufunc(a, b, out=out)
-
-
+_FUSED = dict(FusedActivation.attributes, pot_scale_int16=True)
 for _op, _ufunc in {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply}.items():
-    tfl(_op)(type(_op.title(), (FusedBinary,), {"ufunc": _ufunc,
-                                                "attributes": dict(FusedBinary.attributes,
-                                                                   pot_scale_int16=True)}))
+    tfl(_op)(type(_op.title(), (FusedActivation, Binary), {"ufunc": _ufunc, "attributes": _FUSED}))
+# Integer DIV truncates toward zero in LiteRT as in ONNX: Div's exact integer paths.
+tfl("DIV")(type("Div", (FusedActivation, Div), {"attributes": FusedActivation.attributes}))
 
 
-@tfl("DIV")
-class TflDiv(FusedBinary):
-    def compute(self, a, b, out):
-        if out.dtype.kind in "iu":
-            # Integer division truncates toward zero, as C++ does.
-            with np.errstate(divide="ignore", invalid="ignore"):
-                np.divide(a, b, out=out, dtype=np.float64, casting="unsafe")
-        else:
-            np.divide(a, b, out=out)
-
-
-class PlainBinary(FusedBinary):
-    attributes = {}
+class PlainBinary(Binary):
+    """A broadcasting binary op without a fused activation: ONNX's Binary kernel."""
 
     def decode(self):
         self.activation = None
@@ -165,8 +144,7 @@ for _op, _ufunc in {"MAXIMUM": np.maximum, "MINIMUM": np.minimum, "POW": np.powe
 
 
 class Comparison(PlainBinary):
-    def infer(self, a, b):
-        return [TensorInfo(broadcast_shape(self.node, a.shape, b.shape), np.dtype(np.bool_))]
+    result_dtype = np.bool_
 
 
 for _op, _ufunc in {"LESS": np.less, "GREATER": np.greater, "EQUAL": np.equal, "NOT_EQUAL": np.not_equal,
@@ -177,9 +155,9 @@ for _op, _ufunc in {"LESS": np.less, "GREATER": np.greater, "EQUAL": np.equal, "
 
 @tfl("SQUARED_DIFFERENCE")
 class SquaredDifference(PlainBinary):
-    def compute(self, a, b, out):
-        np.subtract(a, b, out=out)
-        np.square(out, out=out)
+    def run(self, a, b, *, outs, scratch):
+        np.subtract(a, b, out=outs[0])
+        np.square(outs[0], out=outs[0])
 
 
 @tfl("PRELU")
