@@ -86,4 +86,5 @@ class ConvTranspose(_ConvBase):
         return self.plan.scratch()
 
     def run(self, x, w, b=None, *, outs, scratch=()):
-        conv_core.conv_transpose(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, self.activation)
+        conv_core.conv_transpose(x, w, b, outs[0], self.plan, scratch[0] if scratch else None,
+                                 self.activation)

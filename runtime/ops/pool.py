@@ -15,6 +15,9 @@ from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
 
 
 class _WindowPool(Kernel):
+    """The windowed pools' shared part: the shape rule works out the window geometry (`window`),
+    prepare the pooling `plan` over it (LpPool pools with both too)."""
+
     attributes = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": REQUIRED,
                   "pads": None, "strides": None}
     kind = None
@@ -36,7 +39,7 @@ class _WindowPool(Kernel):
             self.fail(f"kernel_shape {list(self.kernel_shape)} does not fit input shape {list(x.shape)}")
         try:
             window = conv_core.make_window(x.shape[2:], self.kernel_shape, self.strides, self.dilations,
-                                                self.pads, self.auto_pad, bool(self.ceil_mode))
+                                           self.pads, self.auto_pad, bool(self.ceil_mode))
         except ValueError as e:
             self.fail(str(e))
         return Inferred([TensorInfo((x.shape[0], x.shape[1], *window.out_spatial), x.dtype)], window=window)
@@ -47,8 +50,6 @@ class _WindowPool(Kernel):
         return self.plan.scratch()
 
     def run(self, x, *, outs, scratch=()):
-        if getattr(self, "plan", None) is None:  # folded before prepare
-            self.prepare(TensorInfo.of(x))
         conv_core.pool(x, outs[0], self.plan, scratch[0] if scratch else None)
 
 

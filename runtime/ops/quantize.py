@@ -138,20 +138,21 @@ class QuantizeLinear(Kernel):
         dtype = zero_point.dtype if zero_point is not None else self.out_dtype or np.dtype(np.uint8)
         if self.out_dtype is not None and dtype != self.out_dtype:
             self.fail(f"output_dtype {self.out_dtype} differs from the zero point's type {dtype}")
-        range = value_range(dtype)
-        if range is None and dtype not in exotic_types.SMALL_FLOATS:
+        limits = value_range(dtype)
+        if limits is None and dtype not in exotic_types.SMALL_FLOATS:
             self.fail(f"{dtype} is not a quantized type")
         granularity = Granularity(self, x.shape, scale.shape, self.axis, self.block_size)
         work_dtype = self.precision_dtype or compute_dtype(x.dtype, scale.dtype)
         if work_dtype not in NATIVE_FLOATS:
             work_dtype = np.dtype(np.float32)
-        return Inferred([TensorInfo(x.shape, dtype)], range=range, granularity=granularity, work_dtype=work_dtype)
+        return Inferred([TensorInfo(x.shape, dtype)], range=limits, granularity=granularity,
+                        work_dtype=work_dtype)
 
     def prepare(self, x, scale, zero_point=None):
         return [((x.size,), self.work_dtype)]
 
     def run(self, x, scale, zero_point=None, *, outs, scratch=()):
-        work = scratch[0] if scratch else np.empty(x.size, self.work_dtype)
+        work = scratch[0]
         if zero_point is not None:
             zero_point = as_float(zero_point, self.work_dtype)
             if self.range is None and not zero_point.any():
@@ -208,7 +209,7 @@ class DequantizeLinear(Kernel):
     def run(self, x, scale, zero_point=None, *, outs, scratch=()):
         work_dtype = self.work_dtype
         if not self.direct:
-            work = scratch[0] if scratch else np.empty(x.size, work_dtype)
+            work = scratch[0]
         zero_point = as_float(zero_point, work_dtype) if self.use_zero_point else None
         scale = as_float(scale, work_dtype)
         native = x.dtype.kind in "iuf" and x.dtype != np.dtype("bfloat16")
@@ -246,7 +247,7 @@ class DynamicQuantizeLinear(Kernel):
         # A constant input gets scale 1, as onnxruntime does (the reference takes 1/255).
         scale = np.float32((high - low) / 255 if high != low else 1.0)
         zero_point = np.rint(np.clip(np.float32(0) - np.float32(low) / scale, 0, 255))
-        t = (scratch[0] if scratch else np.empty(x.size, np.float32))[:x.size].reshape(x.shape)
+        t = scratch[0].reshape(x.shape)
         np.divide(x, scale, out=t, casting="unsafe")
         np.rint(t, out=t)
         np.add(t, zero_point, out=t)
@@ -307,11 +308,11 @@ class _IntegerMatMul(Kernel):
         batch = broadcast_shape(self.node, a_shape[:-2], b_shape[:-2])
         shape = batch + (a_shape[-2],) * (len(a.shape) > 1) + (b_shape[-1],) * (len(b.shape) > 1)
         a_span = integer_span(a.dtype)
-        layout = dict(a_span=a_span, acc_dtype=accumulator_dtype(a_shape[-1] * a_span * integer_span(b.dtype)),
-                      a_shape=a_shape, b_shape=b_shape, acc_shape=batch + a_shape[-2:-1] + b_shape[-1:],
+        layout = dict(a_span=a_span, a_shape=a_shape, b_shape=b_shape,
+                      acc_dtype=accumulator_dtype(a_shape[-1] * a_span * integer_span(b.dtype)),
+                      acc_shape=batch + a_shape[-2:-1] + b_shape[-1:],
                       a_zp_shape=self.zero_point_shape(a_zero_point, a_shape[-2], "a", column=True),
-                      b_zp_shape=self.zero_point_shape(b_zero_point, b_shape[-1], "b", column=False),
-                      b_packed=None)
+                      b_zp_shape=self.zero_point_shape(b_zero_point, b_shape[-1], "b", column=False))
         return shape, layout
 
     def zero_point_shape(self, zp, n, name, column):
@@ -323,6 +324,8 @@ class _IntegerMatMul(Kernel):
         return (n, 1) if column else (n,)
 
     def pack_b(self, b, b_zero_point):
+        """Shift a constant B once; its actual magnitudes may then allow a float32 accumulator."""
+        self.b_packed = None
         if b.value is not None and (b_zero_point is None or b_zero_point.value is not None):
             zp = None if b_zero_point is None else b_zero_point.value
             b_f = shifted(b.value.reshape(self.b_shape), zp, self.b_zp_shape,
@@ -342,15 +345,15 @@ class _IntegerMatMul(Kernel):
 
     def accumulate(self, a, b, a_zero_point, b_zero_point, scratch):
         """The exact (a - a_zp) @ (b - b_zp), as an `acc_dtype` array in scratch."""
-        buf = scratch[0] if scratch else np.empty(self.matmul_scratch()[0][0][0], self.acc_dtype)
+        buf = scratch[0]
         n_a, n_acc = math.prod(self.a_shape), math.prod(self.acc_shape)
         a_f = shifted(a.reshape(self.a_shape), a_zero_point, self.a_zp_shape,
-                           buf[:n_a].reshape(self.a_shape))
+                      buf[:n_a].reshape(self.a_shape))
         acc = buf[n_a:n_a + n_acc].reshape(self.acc_shape)
         b_f = self.b_packed
         if b_f is None:
             b_f = shifted(b.reshape(self.b_shape), b_zero_point, self.b_zp_shape,
-                               buf[n_a + n_acc:].reshape(self.b_shape))
+                          buf[n_a + n_acc:].reshape(self.b_shape))
         np.matmul(a_f, b_f, out=acc)
         return acc
 
@@ -387,14 +390,14 @@ class QLinearMatMul(_IntegerMatMul):
     def infer(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
         shape, layout = self.matmul_infer(a, b, a_zero_point, b_zero_point)
         dtype = y_zero_point.dtype if y_zero_point is not None else a.dtype
-        range = value_range(dtype)
-        if range is None:
+        limits = value_range(dtype)
+        if limits is None:
             self.fail(f"output type {dtype} is not a quantized integer type")
         a_scale_shape = self.zero_point_shape(a_scale, layout["a_shape"][-2], "a_scale", column=True)
         b_scale_shape = self.zero_point_shape(b_scale, layout["b_shape"][-1], "b_scale", column=False)
         if y_scale.size != 1:
             self.fail("y_scale must be a scalar")
-        return Inferred([TensorInfo(shape, dtype)], range=range, a_scale_shape=a_scale_shape,
+        return Inferred([TensorInfo(shape, dtype)], range=limits, a_scale_shape=a_scale_shape,
                         b_scale_shape=b_scale_shape, **layout)
 
     def prepare(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
@@ -408,8 +411,7 @@ class QLinearMatMul(_IntegerMatMul):
         multiplier = (a_scale.reshape(self.a_scale_shape) * b_scale.reshape(self.b_scale_shape)
                       / y_scale.reshape(()))
         zp = None if y_zero_point is None else y_zero_point.reshape(())
-        work = acc if acc.dtype == np.float64 else (
-            scratch[1][:acc.size].reshape(acc.shape) if len(scratch) > 1 else np.empty(acc.shape))
+        work = acc if acc.dtype == np.float64 else scratch[1].reshape(acc.shape)
         requantize(acc, multiplier, zp, self.range, outs[0].reshape(acc.shape), work)
 
 
@@ -446,8 +448,7 @@ class _IntegerConv(_ConvBase):
         out_shape = (x.shape[0], c_out, *window.out_spatial)
         layout = dict(w_zp_shape=w_zp_shape, window=window, x_span=x_span,
                       acc_dtype=accumulator_dtype(w.shape[1] * window.taps * x_span * integer_span(w.dtype)),
-                      x_shape=tuple(x.shape), w_shape=tuple(w.shape), out_shape=out_shape, w_packed=None,
-                      plan=None)
+                      x_shape=tuple(x.shape), w_shape=tuple(w.shape), out_shape=out_shape)
         return out_shape, layout
 
     def channel_shape(self, param, c_out, trailing, what):
@@ -459,19 +460,18 @@ class _IntegerConv(_ConvBase):
         return (c_out,) + (1,) * trailing
 
     def conv_prepare(self, w, w_zero_point):
+        """Shift a constant W once (its actual magnitudes may then allow a float32 accumulator),
+        then plan the convolution in the accumulator's type; the scratch spec."""
+        self.w_packed = None
         if w.value is not None and (w_zero_point is None or w_zero_point.value is not None):
             zp = None if w_zero_point is None else w_zero_point.value
             w_f = shifted(w.value, zp, self.w_zp_shape, np.empty(self.w_shape, np.float64))
             filter_norm = float(np.abs(w_f).reshape(len(w_f), -1).sum(axis=1).max()) if w_f.size else 0.0
             self.acc_dtype = accumulator_dtype(self.x_span * filter_norm)
             self.w_packed = self.pack({self.w_index}, w_f.astype(self.acc_dtype, copy=False))
-        self.plan = None
-        return self.conv_scratch()
-
-    def conv_scratch(self):
-        if self.plan is None:
-            self.plan = conv_core.conv_plan(self.window, self.x_shape[1], self.w_shape[0], self.group,
-                                            self.acc_dtype)
+        self.plan = conv_core.conv_plan(self.window, self.x_shape[1], self.w_shape[0], self.group,
+                                        self.acc_dtype)
+        # One scratch buffer: shifted x, the accumulator, the plan's columns, a fed W shifted.
         self.sizes = (math.prod(self.x_shape), math.prod(self.out_shape), self.plan.scratch_elems,
                       0 if self.w_packed is not None else math.prod(self.w_shape))
         scratch = [((sum(self.sizes),), self.acc_dtype)]
@@ -481,17 +481,15 @@ class _IntegerConv(_ConvBase):
 
     def accumulate(self, x, w, x_zero_point, w_zero_point, scratch):
         """The exact conv(x - x_zp, w - w_zp), as an `acc_dtype` array in scratch."""
-        if not scratch:
-            scratch = (np.empty(self.conv_scratch()[0][0][0], self.acc_dtype),)
         buf, (n_x, n_out, n_cols, _) = scratch[0], self.sizes
         x_f = shifted(x, None if x_zero_point is None else x_zero_point.reshape(()), (),
-                           buf[:n_x].reshape(self.x_shape))
+                      buf[:n_x].reshape(self.x_shape))
         acc = buf[n_x:n_x + n_out].reshape(self.out_shape)
         cols = buf[n_x + n_out:n_x + n_out + n_cols]
         w_f = self.w_packed
         if w_f is None:
             w_f = shifted(w, w_zero_point, self.w_zp_shape,
-                               buf[n_x + n_out + n_cols:].reshape(self.w_shape))
+                          buf[n_x + n_out + n_cols:].reshape(self.w_shape))
         conv_core.conv(x_f, w_f, None, acc, self.plan, cols if n_cols else None)
         return acc
 
@@ -523,13 +521,13 @@ class QLinearConv(_IntegerConv):
     def infer(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
         shape, layout = self.conv_infer(x, w, x_zero_point, w_zero_point)
         dtype = y_zero_point.dtype if y_zero_point is not None else x.dtype
-        range = value_range(dtype)
-        if range is None:
+        limits = value_range(dtype)
+        if limits is None:
             self.fail(f"output type {dtype} is not a quantized integer type")
         w_scale_shape = self.channel_shape(w_scale, w.shape[0], len(shape) - 2, "w_scale")
         if b is not None and tuple(b.shape) != (w.shape[0],):
             self.fail(f"bias B of shape {list(b.shape)} must be ({w.shape[0]},)")
-        return Inferred([TensorInfo(shape, dtype)], range=range, w_scale_shape=w_scale_shape, **layout)
+        return Inferred([TensorInfo(shape, dtype)], range=limits, w_scale_shape=w_scale_shape, **layout)
 
     def prepare(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
         return self.conv_prepare(w, w_zero_point)
@@ -537,8 +535,7 @@ class QLinearConv(_IntegerConv):
     def run(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None,
             *, outs, scratch=()):
         acc = self.accumulate(x, w, x_zero_point, w_zero_point, scratch)
-        work = acc if acc.dtype == np.float64 else (
-            scratch[1][:acc.size].reshape(acc.shape) if len(scratch) > 1 else np.empty(acc.shape))
+        work = acc if acc.dtype == np.float64 else scratch[1].reshape(acc.shape)
         if b is not None:
             # The bias joins in float64: an int32 bias may not be exact in float32.
             np.add(acc, b.reshape(-1, *(1,) * (acc.ndim - 2)), out=work, dtype=np.float64)

@@ -179,9 +179,9 @@ class CumSum(Kernel):
         if axis.dtype.kind not in "iu" or axis.size != 1:
             self.fail(f"axis must be one integer, got {axis.dtype} of shape {list(axis.shape)}")
         # The axis does not decide a shape: when it is only known per run, run reads it.
+        axis_n = None if axis.value is None else self.normalize(axis.value, rank)
         if rank == 0:
             self.fail("input must have rank >= 1")
-        axis_n = None if axis.value is None else self.normalize(axis.value, rank)
         return Inferred([TensorInfo(x.shape, x.dtype)], axis_n=axis_n)
 
     def normalize(self, axis, rank):
@@ -273,8 +273,7 @@ class Einsum(Kernel):
             if letter not in sizes:
                 self.fail(f"output label {letter!r} appears in no input")
         shape = tuple(sizes[c] for c in before) + (ellipsis if dots else ()) + tuple(sizes[c] for c in after)
-        shapes = [tuple(i.shape) for i in inputs]
-        return Inferred([TensorInfo(sane_shape(self.node, shape, dtype), dtype)], shapes=shapes)
+        return [TensorInfo(sane_shape(self.node, shape, dtype), dtype)]
 
     def prepare(self, *inputs):
         # numpy's einsum has no loops for bfloat16 (ml_dtypes): those go through float32.

@@ -5,10 +5,11 @@ CastLike, Pad, Tile, Trilu, DepthToSpace, SpaceToDepth, ScatterND,
 ScatterElements (and its deprecated name Scatter).
 
 Everything that depends only on shapes and constant inputs (slices, pad plans,
-masks, validated constant indices) is computed once in `infer`, which the
-compiler always calls, so a kernel also runs when it is folded without a
-`prepare`. Kernels write into `outs[0]`; indices fed at run time are checked
-then, and an out-of-range index raises `ExecutionError` naming the node.
+masks, validated constant indices) is worked out once by `infer`, which returns
+it with the output shapes (`Inferred`); the compiler keeps it on the kernel
+before prepare, and before a node is folded. Kernels write into `outs[0]`;
+indices fed at run time are checked then, and an out-of-range index raises
+`ExecutionError` naming the node.
 """
 
 import numpy as np
@@ -545,7 +546,8 @@ class DepthToSpace(Kernel):
         else:
             split, order = (n, depth, b, b, h, w), (0, 1, 4, 2, 5, 3)
         blocks = (n, depth, h, b, w, b)
-        return Inferred([TensorInfo((n, depth, h * b, w * b), x.dtype)], blocks=blocks, split=split, order=order)
+        return Inferred([TensorInfo((n, depth, h * b, w * b), x.dtype)], blocks=blocks, split=split,
+                        order=order)
 
     def run(self, x, outs, scratch):
         np.copyto(outs[0].reshape(self.blocks), x.reshape(self.split).transpose(self.order))
@@ -627,7 +629,7 @@ class ScatterElements(Scatter):
         dim = data.shape[axis_]
         # The position of every update along the axes other than `axis`.
         grid = [np.arange(n).reshape([-1 if a == b else 1 for b in range(rank)])
-                     for a, n in enumerate(indices.shape)]
+                for a, n in enumerate(indices.shape)]
         return Inferred([TensorInfo(data.shape, data.dtype)], axis_=axis_, dim=dim, grid=grid)
 
     def run(self, data, indices, updates, outs, scratch):

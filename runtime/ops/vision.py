@@ -291,7 +291,8 @@ class NonMaxSuppression(Kernel):
         values = tuple(_value(info, self, name) for name, info in zip(names, infos))
         selected = self.select(*values)
         # Run with these very arrays (an eager step) returns this selection, not a second one.
-        return Inferred([TensorInfo(selected.shape, np.dtype(np.int64), selected)], selected=(values, selected))
+        return Inferred([TensorInfo(selected.shape, np.dtype(np.int64), selected)],
+                        selected=(values, selected))
 
     def corners(self, boxes):
         """(y_min, x_min, y_max, x_max) of every box, whichever way its corners were given."""
@@ -343,7 +344,7 @@ class NonMaxSuppression(Kernel):
     def run(self, boxes, scores, max_output=None, iou_threshold=None, score_threshold=None, *,
             outs, scratch):
         inputs = (boxes, scores, max_output, iou_threshold, score_threshold)
-        known, selected = getattr(self, "selected", ((), None))
+        known, selected = self.selected
         if len(known) == len(inputs) and all(a is b for a, b in zip(known, inputs)):
             return selected
         return self.select(*inputs)
@@ -380,7 +381,8 @@ class Col2Im(Kernel):
             self.fail(f"input has {cols.shape[2]} blocks; image {image}, block {block}, pads, "
                       f"strides and dilations give {counts}")
         return Inferred([TensorInfo((cols.shape[0], cols.shape[1] // blocks, *image), cols.dtype)],
-                        image=image, block=block, counts=counts, dilations=dilations, strides=strides, pads=pads)
+                        image=image, block=block, counts=counts, dilations=dilations, strides=strides,
+                        pads=pads)
 
     def run(self, cols, image_shape, block_shape, *, outs, scratch):
         r = len(self.image)
