@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 from oracle import run_onnxruntime
-from test_ops_control import loop_model
+from graphs import loop_model
 
 import nnrun
 from nnrun.compiler.build import CompileOptions

@@ -14,7 +14,7 @@ import nnrun
 from nnrun import ir
 from nnrun.ops.registry import Inferred, Kernel, TensorInfo
 
-OPS = os.path.join(os.path.dirname(__file__), "..", "runtime", "ops")
+OPS = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "ops")
 
 
 def self_writes(function):
