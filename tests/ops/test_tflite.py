@@ -469,7 +469,7 @@ def test_fill():
 
 
 def test_densify():
-    from nnrun.ops.tflite_ops import densify
+    from nnrun.ops.tflite.quantize import densify
     dense = np.array([[0, 2, 0, 0], [0, 0, 0, 0], [5, 0, 0, 7]], np.float32)
     sparsity = {"traversal_order": [0, 1], "block_map": [],
                 "dim_metadata": [{"format": "DENSE", "dense_size": 3},

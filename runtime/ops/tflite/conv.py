@@ -14,12 +14,12 @@ import struct
 
 import numpy as np
 
-from . import conv_core
-from .activation import apply_activation
-from .registry import Inferred, Kernel, TensorInfo, register
-from .tflite_ops import fused_activation
+from .. import conv_core
+from ..activation import apply_activation
+from ..registry import Inferred, Kernel, TensorInfo, register
+from ..shape import int_list
+from .common import DOMAIN, fused_activation
 
-DOMAIN = "tflite"
 PADDINGS = {"SAME": "SAME_UPPER", "VALID": "VALID"}
 
 
@@ -183,7 +183,6 @@ class TransposeConv(TransposeConvKernel):
         self.activation = fused_activation(self, self.fused_activation_function)
 
     def infer(self, output_shape, w, x, bias=None):
-        from .shape import int_list
         shape = int_list(self.node, output_shape, "output_shape")
         if len(shape) != 4 or shape[0] != x.shape[0] or shape[3] != w.shape[0]:
             self.fail(f"output_shape {shape} does not fit input {tuple(x.shape)} and filter "

@@ -1,0 +1,119 @@
+"""Weights the file stores in another form, made float32 once at PREPARE in the shape rule:
+DEQUANTIZE of a constant (float16 or quantized) tensor and DENSIFY of a sparse one give a known
+value, so no step runs for them and their mapped source pages are released.
+"""
+
+
+import numpy as np
+
+from ..registry import Inferred, Kernel, TensorInfo
+from .common import tfl
+
+@tfl("DEQUANTIZE")
+class Dequantize(Kernel):
+    """float16 (or quantized int8/uint8) to float32. A constant input is converted once, here."""
+
+    attributes = {"quantization": None}
+
+    def infer(self, x):
+        scale = zero_point = None
+        if x.dtype != np.float16:
+            q = (self.quantization or {}).get(self.node.inputs[0])
+            if q is None:
+                self.fail(f"a {x.dtype} input has no quantization parameters")
+            shape = [1] * len(x.shape)
+            scale, zero = np.asarray(q["scale"], np.float32), np.asarray(q["zero_point"], np.float32)
+            if scale.size > 1:
+                shape[q.get("axis", 0)] = -1
+            scale, zero_point = scale.reshape(shape), zero.reshape(shape)
+        if x.value is not None:  # converted now: no step runs for it
+            out = np.empty(x.shape, np.float32)
+            self.convert(x.value, out, scale, zero_point)
+            return [TensorInfo(tuple(x.shape), np.dtype(np.float32), out)]
+        return Inferred([TensorInfo(tuple(x.shape), np.dtype(np.float32))], scale=scale, zero_point=zero_point)
+
+    @staticmethod
+    def convert(x, out, scale, zero_point):
+        np.copyto(out, x, casting="unsafe")
+        if scale is not None:
+            np.subtract(out, zero_point, out=out)
+            np.multiply(out, scale, out=out)
+
+    def run(self, x, *, outs, scratch):
+        self.convert(x, outs[0], self.scale, self.zero_point)
+
+
+@tfl("DENSIFY")
+class Densify(Kernel):
+    """A sparse constant (TFLite's sparsity parameters) made dense once, here."""
+
+    attributes = {"sparsity": None}
+
+    def infer(self, x):
+        if x.value is None or self.sparsity is None:
+            self.fail("DENSIFY needs a constant input and its sparsity parameters")
+        dense = densify(self, np.asarray(x.value), self.sparsity, x.shape)
+        return [TensorInfo(tuple(dense.shape), dense.dtype, dense)]  # made now: no step runs for it
+
+    def run(self, x, *, outs, scratch):
+        self.fail("DENSIFY runs at PREPARE only")
+
+
+def densify(kernel, values, sparsity, dense_shape=None):
+    """TFLite's FormatConverter::SparseToDense, level by level in traversal order, vectorised."""
+    order = list(sparsity["traversal_order"])
+    block_map = list(sparsity.get("block_map") or [])
+    metadata = sparsity["dim_metadata"]
+    if len(metadata) != len(order):
+        kernel.fail("sparsity dim_metadata does not match traversal_order")
+    rank = len(order) - len(block_map)
+    # The size of every expanded dim: dense dims say it; a sparse dim's size is found from the
+    # dense shape, which is the product of a dim and its block.
+    sizes = [None] * len(order)
+    for level, dim in enumerate(order):
+        if metadata[level]["format"] == "DENSE":
+            sizes[dim] = int(metadata[level]["dense_size"])
+    # Walk the levels: `positions` is each stored element's flat position in the level's
+    # parent list, `coords` its coordinate per expanded dim.
+    positions = np.zeros(1, np.int64)
+    coords = np.zeros((len(order), 1), np.int64)
+    for level, dim in enumerate(order):
+        meta = metadata[level]
+        if meta["format"] == "DENSE":
+            n = int(meta["dense_size"])
+            new_pos = (positions[:, None] * n + np.arange(n)[None, :]).reshape(-1)
+            coords = np.repeat(coords, n, axis=1)
+            coords[dim] = np.tile(np.arange(n), positions.size)
+            positions = new_pos
+        else:
+            segments = np.asarray(meta["array_segments"], np.int64)
+            indices = np.asarray(meta["array_indices"], np.int64)
+            starts, stops = segments[positions], segments[positions + 1]
+            counts = stops - starts
+            coords = np.repeat(coords, counts, axis=1)
+            new_pos = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)]) if counts.size \
+                else np.zeros(0, np.int64)
+            coords[dim] = indices[new_pos]
+            positions = new_pos.astype(np.int64)
+            if sizes[dim] is None:
+                sizes[dim] = int(indices.max()) + 1 if indices.size else 0
+    block_sizes = {block_map[k]: sizes[rank + k] for k in range(len(block_map))}
+    if dense_shape is not None and len(dense_shape) == rank:
+        # The file's tensor shape is the dense shape: it fixes sparse dims' sizes.
+        for d in range(rank):
+            sizes[d] = -(-int(dense_shape[d]) // block_sizes.get(d, 1))
+    # A sparse dim's true extent is unknown to the format; blocks scale it.
+    shape = []
+    dense_coords = []
+    for d in range(rank):
+        b = block_sizes.get(d, 1)
+        c = coords[d] * b
+        if d in block_sizes:
+            c = c + coords[rank + block_map.index(d)]
+        dense_coords.append(c)
+        shape.append(sizes[d] * b)
+    dense = np.zeros(shape, values.dtype)
+    if values.size < positions.size:
+        kernel.fail("sparse values are fewer than the sparsity parameters index")
+    dense[tuple(dense_coords)] = values.reshape(-1)[positions]
+    return dense
