@@ -549,3 +549,17 @@ def test_int64_division_stays_in_integers():
     (got,) = run_nnrun("DIV", [("a", a, False), ("b", b, False)], 1, {"fused_activation_function": "NONE"})
     want = [abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1) for x, y in zip(a.tolist(), b.tolist())]
     assert got.tolist() == want
+
+
+@pytest.mark.parametrize("op", ["MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"])
+@pytest.mark.parametrize("axes", [[1, -1, 1], []])
+def test_reduce_repeated_or_no_axes(op, axes):
+    """Repeated axes count once; an empty axes tensor reduces nothing (LiteRT's rules, not ONNX's)."""
+    check(op, [inp("x", rand(2, 3, 4)), const("axes", np.array(axes, np.int32))], attrs={"keep_dims": False})
+
+
+@pytest.mark.parametrize("op", ["SUM", "MEAN"])
+def test_reduce_integers(op):
+    """Integer sums and means stay integers: MEAN truncates toward zero, as LiteRT's does."""
+    x = RNG.integers(-50, 50, (2, 5, 3)).astype(np.int32)
+    check(op, [inp("x", x), const("axes", np.array([1], np.int32))], attrs={"keep_dims": True, "_out_dtype": "INT32"})

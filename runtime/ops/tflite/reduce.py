@@ -3,49 +3,38 @@
 
 import numpy as np
 
-from ..registry import Inferred, Kernel, TensorInfo
-from ..shape import int_list, normalize_axes
+from .. import reduce  # noqa: F401 - ONNX's reduction kernels, registered before they are looked up
+from ..registry import Inferred, Kernel, TensorInfo, lookup
+from ..shape import int_list, normalize_axis
 from .common import axis_of, tensor_type, tfl
 
 # --------------------------------------------------------------------------- reductions
 
 
-class Reduction(Kernel):
-    """MEAN, SUM, REDUCE_*: over the axes of a constant axis tensor, keep_dims optional."""
+class AxesTensor:
+    """TFLite's front end on ONNX's reduction kernels (reduce.py): `keep_dims`, and the axes of a
+    constant tensor, repeats allowed; an empty axes tensor reduces nothing, as in LiteRT."""
 
     attributes = {"keep_dims": False}
-    reducer = None
+    noop_with_empty_axes = 1
+    extremum = False  # REDUCE_MAX and REDUCE_MIN: an empty axis has no answer
+
+    def decode(self):
+        self.keepdims = int(bool(self.keep_dims))
 
     def infer(self, x, axes):
         rank = len(x.shape)
         values = int_list(self.node, axes, "axis")
-        reduced = tuple(sorted(set(normalize_axes(self.node, values, rank)))) if rank else ()
-        kept = tuple(1 if i in reduced else d for i, d in enumerate(x.shape))
-        shape = kept if self.keep_dims else tuple(d for i, d in enumerate(x.shape) if i not in reduced)
-        if self.reducer in (np.maximum, np.minimum) and any(x.shape[a] == 0 for a in reduced):
+        unique = sorted({normalize_axis(self.node, v, rank) for v in values}) if rank else []
+        if self.extremum and any(x.shape[a] == 0 for a in unique):
             self.fail("cannot take the extremum of an empty axis")
-        return Inferred([TensorInfo(shape, x.dtype)], axes=reduced, kept=kept)
-
-    def run(self, x, axes, *, outs, scratch):
-        out = outs[0].reshape(self.kept)
-        if not self.axes:
-            np.copyto(out, x)
-        else:
-            self.reduce(x, out)
-
-    def reduce(self, x, out):
-        self.reducer.reduce(x, axis=self.axes, keepdims=True, out=out)
+        return super().infer(x, TensorInfo.of(np.array(unique, np.int64)))
 
 
-@tfl("MEAN")
-class TflMean(Reduction):
-    def reduce(self, x, out):
-        np.mean(x, axis=self.axes, keepdims=True, out=out)
-
-
-for _op, _ufunc in {"SUM": np.add, "REDUCE_MAX": np.maximum, "REDUCE_MIN": np.minimum,
-                    "REDUCE_PROD": np.multiply}.items():
-    tfl(_op)(type(_op.title(), (Reduction,), {"reducer": _ufunc}))
+for _op, _onnx in {"MEAN": "ReduceMean", "SUM": "ReduceSum", "REDUCE_MAX": "ReduceMax",
+                   "REDUCE_MIN": "ReduceMin", "REDUCE_PROD": "ReduceProd"}.items():
+    tfl(_op)(type(_op.title(), (AxesTensor, lookup("", _onnx, 18)),
+                  {"attributes": AxesTensor.attributes, "extremum": _op in ("REDUCE_MAX", "REDUCE_MIN")}))
 
 
 class ArgExtremum(Kernel):
