@@ -377,20 +377,20 @@ class MaxUnpool(Kernel):
                 self.fail(f"output_shape {list(shape)} is smaller than the unpooled shape "
                           f"{list(inferred)}")
         shape = sane_shape(self.node, shape, x.dtype)
-        return Inferred([TensorInfo(shape, x.dtype)], inferred=inferred)
+        return Inferred([TensorInfo(shape, x.dtype)], unpooled_shape=inferred)
 
     def run(self, x, indices, output_shape=None, *, outs, scratch=()):
         y = outs[0]
         y[...] = 0
-        corner = y[tuple(slice(0, n) for n in self.inferred)]
+        corner = y[tuple(slice(0, n) for n in self.unpooled_shape)]
         flat = indices.reshape(-1)
-        if flat.size and (flat.min() < 0 or flat.max() >= math.prod(self.inferred)):
+        if flat.size and (flat.min() < 0 or flat.max() >= math.prod(self.unpooled_shape)):
             raise ExecutionError(f"an index in I is outside the unpooled shape "
-                                 f"{list(self.inferred)}")
+                                 f"{list(self.unpooled_shape)}")
         if corner.flags.c_contiguous:
             corner.reshape(-1)[flat] = x.reshape(-1)
         else:
-            unpooled = np.zeros(self.inferred, y.dtype)
+            unpooled = np.zeros(self.unpooled_shape, y.dtype)
             unpooled.reshape(-1)[flat] = x.reshape(-1)
             corner[...] = unpooled
 
