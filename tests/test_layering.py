@@ -4,7 +4,7 @@
     compiler          executor                                      (siblings: neither imports the other)
     ops                                                             (kernels: given services, never reaching up)
     loader                                                          (file formats to the IR)
-    ir, weights, errors                                             (the bottom)
+    ir, weights, errors, cache_file                                 (the bottom)
 """
 
 import ast
@@ -23,6 +23,7 @@ FORBIDDEN = {
     "ir": {"loader", "compiler", "executor", "ops", "session", "plan_cache"},
     "weights": {"loader", "compiler", "executor", "ops", "session", "plan_cache", "ir"},
     "errors": {"loader", "compiler", "executor", "ops", "session", "plan_cache", "ir", "weights"},
+    "cache_file": {"loader", "compiler", "executor", "ops", "session", "plan_cache", "ir", "weights"},
 }
 
 

@@ -1,0 +1,220 @@
+"""The weight cache's file: packed weights written once, then mapped read-only and shared.
+
+A cache file holds named arrays for one key (what makes the packed bytes what they
+are: the model's content, nnrun's and this format's versions, the options that
+change packing). Its layout:
+
+    header, 64 bytes    magic "NNRUNWC\\0", format version (u32), crc32 of the index (u32),
+                        sha256 of the key (32 bytes), index offset (u64), index length (u64)
+    payloads            each array's bytes, at an offset aligned to 64 bytes (to a page
+                        for arrays of 64 KiB and more), so a view of it is aligned for
+                        any dtype and BLAS
+    index               JSON: the key, and per array its name, offset, nbytes, dtype,
+                        shape and the crc32 of its bytes
+
+A writer fills a temporary file beside the target and renames it into place
+after fsync, so a reader never sees a half-written file and writers racing on
+one key each publish a whole one (the last rename wins). A reader checks the
+header, the index and every extent before it makes a view, and an array's crc32
+when it first hands it out: a stale, truncated or corrupt file raises
+`CacheFileError`, and the caller rebuilds it. Nothing here trusts a size or an
+offset the file states before checking it against the file's length.
+"""
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+import threading
+import zlib
+
+import numpy as np
+
+MAGIC = b"NNRUNWC\0"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sII32sQQ")  # magic, version, index crc32, key digest, index offset, length
+ALIGNMENT = 64
+PAGE = 4096
+LARGE = 64 << 10  # arrays this large start on a page
+DTYPES = frozenset(np.dtype(t).str for t in (
+    np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+    np.int64, np.uint64, np.bool_))
+
+
+class CacheFileError(Exception):
+    """The file is not a valid cache file for this key: rebuild it."""
+
+
+def key_digest(key):
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _aligned(offset, nbytes):
+    step = PAGE if nbytes >= LARGE else ALIGNMENT
+    return -(-offset // step) * step
+
+
+class CacheWriter:
+    """Writes arrays into a temporary file beside `path`; `commit` publishes it atomically."""
+
+    def __init__(self, path, key):
+        self.path = os.fspath(path)
+        self.key = key
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        self._tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        self._file = open(self._tmp, "wb")
+        self._file.write(b"\0" * HEADER.size)
+        self._offset = HEADER.size
+        self._entries = []
+        self._names = set()
+
+    def add(self, name, array):
+        """Append `array` (C-contiguous copy if need be) under `name`."""
+        if name in self._names:
+            raise ValueError(f"array {name!r} added twice")
+        array = np.ascontiguousarray(array)
+        if array.dtype.str not in DTYPES:
+            raise ValueError(f"dtype {array.dtype} cannot be cached")
+        start = _aligned(self._offset, array.nbytes)
+        self._file.write(b"\0" * (start - self._offset))
+        data = memoryview(array).cast("B") if array.nbytes else b""
+        self._file.write(data)
+        self._offset = start + array.nbytes
+        self._entries.append({"name": name, "offset": start, "nbytes": array.nbytes, "dtype": array.dtype.str,
+                              "shape": list(array.shape), "crc32": zlib.crc32(data)})
+        self._names.add(name)
+
+    def commit(self):
+        """Write the index and the header, fsync, and rename into place; returns the path."""
+        index = json.dumps({"key": self.key, "entries": self._entries}, separators=(",", ":")).encode()
+        index_offset = _aligned(self._offset, 0)
+        self._file.write(b"\0" * (index_offset - self._offset))
+        self._file.write(index)
+        self._file.seek(0)
+        self._file.write(HEADER.pack(MAGIC, FORMAT_VERSION, zlib.crc32(index), key_digest(self.key),
+                                     index_offset, len(index)))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+        return self.path
+
+    def abort(self):
+        """Drop the temporary file; the target is left as it was."""
+        self._file.close()
+        try:
+            os.remove(self._tmp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _fsync_directory(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # some filesystems do not open directories; the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class CacheFile:
+    """A cache file mapped read-only: its arrays as views of a shared file mapping."""
+
+    def __init__(self, path, key):
+        self.path = os.fspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise CacheFileError(f"cannot open {self.path}: {e.strerror or e}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER.size:
+                raise CacheFileError(f"{self.path} is {size} bytes, shorter than its header")
+            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise CacheFileError(f"cannot map {self.path}: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
+        self.size = size
+        self._buffer = memoryview(self._mmap)
+        self._entries = self._read_index(key)
+        self._checked = set()
+        self._lock = threading.Lock()
+
+    def _read_index(self, key):
+        magic, version, index_crc, digest, index_offset, index_length = HEADER.unpack_from(self._buffer, 0)
+        if magic != MAGIC:
+            raise CacheFileError(f"{self.path} is not a cache file (magic {magic!r})")
+        if version != FORMAT_VERSION:
+            raise CacheFileError(f"{self.path} has format {version}, this nnrun writes {FORMAT_VERSION}")
+        if digest != key_digest(key):
+            raise CacheFileError(f"{self.path} was written for another key")
+        if index_offset < HEADER.size or index_offset + index_length > self.size:
+            raise CacheFileError(f"{self.path}: index at {index_offset} (+{index_length}) lies outside its "
+                                 f"{self.size} bytes")
+        index = bytes(self._buffer[index_offset:index_offset + index_length])
+        if zlib.crc32(index) != index_crc:
+            raise CacheFileError(f"{self.path}: the index's checksum does not match")
+        try:
+            table = json.loads(index)
+            if table["key"] != key:
+                raise CacheFileError(f"{self.path} was written for another key")
+            entries = {}
+            for e in table["entries"]:
+                entry = (int(e["offset"]), int(e["nbytes"]), str(e["dtype"]), tuple(int(d) for d in e["shape"]),
+                         int(e["crc32"]))
+                entries[str(e["name"])] = entry
+        except (ValueError, KeyError, TypeError) as e:
+            raise CacheFileError(f"{self.path}: the index is malformed ({e})") from None
+        for name, (offset, nbytes, dtype, shape, _) in entries.items():
+            if dtype not in DTYPES or any(d < 0 for d in shape):
+                raise CacheFileError(f"{self.path}: array {name!r} has dtype {dtype} and shape {shape}")
+            count = 1
+            for d in shape:
+                count *= d
+            if count * np.dtype(dtype).itemsize != nbytes:
+                raise CacheFileError(f"{self.path}: array {name!r} is {nbytes} bytes, its shape says otherwise")
+            if offset % ALIGNMENT or offset < HEADER.size or offset + nbytes > index_offset:
+                raise CacheFileError(f"{self.path}: array {name!r} at {offset} (+{nbytes}) is misplaced")
+        return entries
+
+    def names(self):
+        return list(self._entries)
+
+    def __contains__(self, name):
+        return name in self._entries
+
+    def nbytes(self):
+        return sum(e[1] for e in self._entries.values())
+
+    def array(self, name):
+        """A read-only view of array `name`; its checksum is checked the first time it is asked for."""
+        try:
+            offset, nbytes, dtype, shape, crc = self._entries[name]
+        except KeyError:
+            raise CacheFileError(f"{self.path} has no array {name!r}") from None
+        data = self._buffer[offset:offset + nbytes]
+        if name not in self._checked:
+            if zlib.crc32(data) != crc:
+                raise CacheFileError(f"{self.path}: array {name!r} does not match its checksum")
+            with self._lock:
+                self._checked.add(name)
+        view = np.frombuffer(data, dtype=np.dtype(dtype), count=nbytes // np.dtype(dtype).itemsize).reshape(shape)
+        view.flags.writeable = False
+        return view

@@ -1,0 +1,126 @@
+"""The weight cache's file format (runtime/cache_file.py): arrays written once and read back as
+aligned, read-only views of a shared mapping; a stale, truncated or corrupt file is refused, never
+used; writers racing on one path each publish a whole file."""
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+from nnrun.cache_file import ALIGNMENT, HEADER, PAGE, CacheFile, CacheFileError, CacheWriter
+
+KEY = "model=abc123;nnrun=0.1.0;format=1"
+
+
+def arrays():
+    rng = np.random.default_rng(0)
+    return {"conv1/w": rng.standard_normal((64, 3, 7, 7)).astype(np.float32),
+            "fc/b": rng.standard_normal(10).astype(np.float32),
+            "q": rng.integers(-128, 128, (5, 3)).astype(np.int8),
+            "empty": np.zeros((0, 4), np.float16),
+            "big": rng.standard_normal(40_000).astype(np.float64)}
+
+
+def write(path, key=KEY, items=None):
+    with CacheWriter(path, key) as writer:
+        for name, a in (items or arrays()).items():
+            writer.add(name, a)
+    return path
+
+
+def test_arrays_come_back_equal_aligned_and_read_only(tmp_path):
+    path = write(tmp_path / "w.cache")
+    cache = CacheFile(path, KEY)
+    assert sorted(cache.names()) == sorted(arrays())
+    base = np.frombuffer(cache._buffer, np.uint8).__array_interface__["data"][0]  # the mapping's start
+    for name, want in arrays().items():
+        got = cache.array(name)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert not got.flags.writeable
+        if got.size:
+            assert (got.__array_interface__["data"][0] - base) % ALIGNMENT == 0
+    big = cache.array("big")
+    assert (big.__array_interface__["data"][0] - base) % PAGE == 0  # a large array starts on a page
+    assert os.listdir(tmp_path) == ["w.cache"]  # the temporary file was renamed into place
+
+
+def test_another_key_is_refused(tmp_path):
+    path = write(tmp_path / "w.cache")
+    with pytest.raises(CacheFileError, match="another key"):
+        CacheFile(path, KEY + ";changed")
+
+
+@pytest.mark.parametrize("damage", ["truncate_header", "truncate_index", "magic", "version", "index_byte",
+                                    "payload_byte", "empty"])
+def test_a_damaged_file_is_refused(tmp_path, damage):
+    path = write(tmp_path / "w.cache")
+    data = bytearray(path.read_bytes())
+    _, _, _, _, index_offset, index_length = HEADER.unpack_from(data, 0)
+    if damage == "truncate_header":
+        data = data[:HEADER.size - 1]
+    elif damage == "truncate_index":
+        data = data[:index_offset + index_length // 2]
+    elif damage == "magic":
+        data[0] ^= 0xFF
+    elif damage == "version":
+        data[8] += 1
+    elif damage == "index_byte":
+        data[index_offset + 3] ^= 0x01
+    elif damage == "payload_byte":
+        data[HEADER.size + 5] ^= 0x01  # inside the first array
+    elif damage == "empty":
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    with pytest.raises(CacheFileError):
+        cache = CacheFile(path, KEY)
+        for name in cache.names():
+            cache.array(name)
+
+
+def test_an_index_that_lies_about_an_extent_is_refused(tmp_path):
+    """A well-formed index whose array runs past the payloads: checked before any view is made."""
+    import json
+    import struct
+    import zlib
+
+    path = write(tmp_path / "w.cache", items={"a": np.arange(4, dtype=np.float32)})
+    data = bytearray(path.read_bytes())
+    magic, version, _, digest, index_offset, _ = HEADER.unpack_from(data, 0)
+    table = json.loads(bytes(data[index_offset:]))
+    table["entries"][0]["nbytes"] = 1 << 40
+    table["entries"][0]["shape"] = [1 << 38]
+    index = json.dumps(table).encode()
+    data = data[:index_offset] + index
+    struct.pack_into(HEADER.format, data, 0, magic, version, zlib.crc32(index), digest, index_offset, len(index))
+    path.write_bytes(bytes(data))
+    with pytest.raises(CacheFileError, match="misplaced"):
+        CacheFile(path, KEY)
+
+
+def test_an_aborted_writer_leaves_nothing(tmp_path):
+    path = tmp_path / "w.cache"
+    with pytest.raises(RuntimeError):
+        with CacheWriter(path, KEY) as writer:
+            writer.add("a", np.ones(3, np.float32))
+            raise RuntimeError("packing failed")
+    assert os.listdir(tmp_path) == []
+
+
+def _race(path):
+    write(path, items={"w": np.full((256, 256), 1.5, np.float32)})  # one key: the same bytes
+
+
+def test_writers_racing_on_one_path_publish_one_valid_file(tmp_path):
+    path = tmp_path / "w.cache"
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_race, args=(path,)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    cache = CacheFile(path, KEY)
+    np.testing.assert_array_equal(cache.array("w"), np.full((256, 256), 1.5, np.float32))
+    assert os.listdir(tmp_path) == ["w.cache"]  # no temporary file left behind
