@@ -10,6 +10,7 @@ import numpy as np
 from .. import activation as act
 from ..registry import Inferred, Kernel, TensorInfo
 from ..shape import int_list, known_value, normalize_axes, sane_shape
+from ..tensor import Concat
 from .common import axis_of, fused_activation, tensor_type, tfl
 
 # --------------------------------------------------------------------------- shapes and copies
@@ -81,28 +82,16 @@ class TflExpandDims(Alias):
 
 
 @tfl("CONCATENATION")
-class Concatenation(Kernel):
+class Concatenation(Concat):
+    """ONNX's Concat, with TFLite's fused activation."""
+
     attributes = {"axis": 0, "fused_activation_function": "NONE"}
 
     def decode(self):
         self.activation = fused_activation(self, self.fused_activation_function)
 
-    def infer(self, *inputs):
-        first = inputs[0]
-        rank = len(first.shape)
-        concat_axis = axis_of(self, self.axis, rank)
-        total = 0
-        for info in inputs:
-            if len(info.shape) != rank or any(a != b for i, (a, b) in enumerate(zip(info.shape, first.shape))
-                                              if i != concat_axis):
-                self.fail(f"input shapes {[i.shape for i in inputs]} do not concatenate on axis {self.axis}")
-            total += info.shape[concat_axis]
-        shape = list(first.shape)
-        shape[concat_axis] = total
-        return Inferred([TensorInfo(tuple(shape), first.dtype)], concat_axis=concat_axis)
-
     def run(self, *inputs, outs, scratch):
-        np.concatenate(inputs, axis=self.concat_axis, out=outs[0])
+        super().run(*inputs, outs=outs, scratch=scratch)
         act.apply_activation(outs[0], self.activation)
 
 
