@@ -58,12 +58,13 @@ def default_opset(graph, domain):
     return 1
 
 
-def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planner=None):
+def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planner=None, packer=None):
     """Plan the graph for `feeds`: input name -> (shape tuple, numpy dtype).
 
     `constants` (name -> array) are values known at PREPARE besides the graph's
     initializers: a subgraph's captured outer-scope constants. `planner` plans the
-    bodies of control-flow nodes (a plan_cache.PlanCache; see ops/control.py).
+    bodies of control-flow nodes (a plan_cache.PlanCache; see ops/control.py); `packer`
+    keeps what kernels pack (`Kernel.pack`; None: in memory).
     """
     started = time.perf_counter()
     run = PassRunner(options.disabled_passes)
@@ -72,7 +73,7 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     sources = {id(w.source): w.source for w in weights_in_files}.values()
     released_before = sum(s.released_bytes for s in sources)
     context = Context(graph, frozen_map(feeds), tuple(v.name for v in graph.outputs),
-                      EagerRelease(run.enabled("release_weights")), planner)
+                      EagerRelease(run.enabled("release_weights")), planner, packer)
     weights = dict(graph.initializers)
     weights.update(constants or {})
     nodes = NodeList(tuple(graph.nodes), frozen_map(weights))
@@ -84,7 +85,7 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"))
     shaped = run("drop_dead", drop_dead, shaped, context)
-    prepared = run("prepare_kernels", prepare_kernels, shaped)
+    prepared = run("prepare_kernels", prepare_kernels, shaped, context)
     buffers = run("arena_buffers", arena_buffers, prepared, context)
     order = run("memory_aware_order", memory_aware_order, buffers,
                 otherwise=lambda buffers: tuple(range(len(buffers.deps))))
@@ -237,14 +238,14 @@ def drop_dead(shaped, context):
     return Shaped(tuple(reversed(live)), shaped.infos)
 
 
-def prepare_kernels(shaped):
+def prepare_kernels(shaped, context):
     """Each kernel packs its constant inputs and sizes its scratch; eager steps prepare per run."""
     steps = []
     for step in shaped.steps:
         scratch = ()
         if step.outputs is not None:
             try:
-                spec = step.kernel.ready(step.derived, *step.inputs)
+                spec = step.kernel.ready(step.derived, *step.inputs, packer=context.packer)
             except Exception as e:  # noqa: BLE001
                 raise located(e, "PREPARE", "prepare_kernels", step.node) from e
             scratch = tuple((tuple(s), np.dtype(d)) for s, d in spec)

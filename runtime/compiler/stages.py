@@ -24,6 +24,7 @@ class Context:
     outputs: tuple  # graph output names, in order
     release: object  # release.EagerRelease: told of each mapped weight a pass copies
     planner: object = None  # plans control-flow bodies (plan_cache.PlanCache)
+    packer: object = None  # keeps what kernels pack (Kernel.pack); None: in memory
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class Gemm(Kernel):
         if self.beta == 1:
             return []
         if c.value is not None:
-            self.bias = self.pack({2}, np.multiply(c.value, c.dtype.type(self.beta)))
+            self.bias = self.pack({2}, lambda: np.multiply(c.value, c.dtype.type(self.beta)))
             return []
         self.scale_c = True
         return [(tuple(c.shape), c.dtype)]

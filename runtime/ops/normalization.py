@@ -82,7 +82,7 @@ class BatchNormalization(_Normalization):
     def prepare(self, x, scale, b, mean, var):
         params = (scale, b, mean, var)
         if all(p.value is not None for p in params):
-            self.fixed = self.pack({1, 2, 3, 4}, self.coefficients(*(p.value for p in params), x.dtype))
+            self.fixed = self.pack({1, 2, 3, 4}, lambda: self.coefficients(*(p.value for p in params), x.dtype))
         return []
 
     def run(self, x, scale=None, b=None, mean=None, var=None, *, outs, scratch=()):

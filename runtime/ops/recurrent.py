@@ -226,10 +226,10 @@ class Recurrent(Kernel):
         if r.value is not None:
             # The per-step GEMM h @ R^T runs several times faster on a contiguous R^T than on a
             # transposed view when the batch is small: R is packed once (its mapped pages freed).
-            self.recurrent_t = self.pack({2}, self.pack_recurrent(r.value))
+            self.recurrent_t = self.pack({2}, lambda: self.pack_recurrent(r.value))
         self.bias = None
         if b is not None and b.value is not None:
-            self.bias = self.pack({3}, self.input_bias(np.asarray(b.value)))
+            self.bias = self.pack({3}, lambda: self.input_bias(np.asarray(b.value)))
         dtype = x.dtype
         projected = (self.seq if self.layout == 0 else self.batch,
                      self.batch if self.layout == 0 else self.seq,

@@ -22,11 +22,13 @@ A kernel object belongs to one node. Its life:
    (`self.needs_value(name)`): the node then runs eagerly, its shapes inferred
    at each run from the actual inputs.
 3. `prepare(*inputs)` runs once the shapes are known, with the same inputs as
-   `infer` and what infer derived already kept. It may turn constant inputs into the layout the
-   kernel wants with `self.pack(indices, arrays)`: those inputs are then not
-   passed to `run`, their mapped pages may be released, and the plan counts the
-   packed bytes. It may ask for scratch buffers by returning a list of
-   (shape, dtype); they live in the arena for this step.
+   `infer` and what infer derived already kept. It may turn constant inputs into
+   the layout the kernel wants with `self.pack(indices, make)`, `make` a function
+   that makes the arrays (a weight cache that holds them already does not call
+   it): those inputs are then not passed to `run`, their mapped pages may be
+   released, and the plan counts the packed bytes. It may ask for scratch
+   buffers by returning a list of (shape, dtype); they live in the arena for
+   this step.
 4. `run(*inputs, outs, scratch)` computes. `outs` is a tuple of preallocated
    arrays (arena views or the caller's output arrays) to write into; `scratch`
    the tuple of scratch arrays. A kernel that cannot write in place returns its
@@ -38,6 +40,7 @@ its plan shares it, from any thread, so `run` keeps what it computes per run in
 locals; setting an attribute then raises.
 """
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +112,8 @@ class Kernel:
     packed = frozenset()  # inputs the kernel holds in a layout of its own (see pack)
     packed_bytes = 0  # the bytes of what it made of them
     _sealed = None  # None: open; "infer" while its shape rule runs; "frozen" once prepared
+    _packer = None  # while prepare runs: what keeps packed values (see ready and pack)
+    _packing_for = ()  # while prepare runs: its inputs
 
     def __setattr__(self, name, value):
         if self._sealed == "frozen":
@@ -131,12 +136,18 @@ class Kernel:
             object.__setattr__(self, "_sealed", None)
         return result if isinstance(result, Inferred) else Inferred(result)
 
-    def ready(self, derived, *inputs):
+    def ready(self, derived, *inputs, packer=None):
         """Keep what the shape rule derived (Inferred.derived), then prepare for these inputs:
-        the scratch spec."""
+        the scratch spec. `packer` keeps what prepare packs (see `pack`); None: memory."""
         for name, value in derived.items():
             setattr(self, name, value)
-        return self.prepare(*inputs) or []
+        object.__setattr__(self, "_packer", packer)
+        object.__setattr__(self, "_packing_for", inputs)
+        try:
+            return self.prepare(*inputs) or []
+        finally:
+            object.__setattr__(self, "_packer", None)
+            object.__setattr__(self, "_packing_for", ())
 
     def freeze(self):
         """Called by the compiler once the kernel is prepared: from then on nothing may change it."""
@@ -162,11 +173,18 @@ class Kernel:
         """An unprepared kernel for the same node, for a run that prepares its own (an eager step)."""
         return type(self)(self.node, self.opset)
 
-    def pack(self, inputs, value):
-        """Keep `value`, made in prepare from the constant inputs `inputs` (their indices), as this
-        kernel's own: those inputs are then not passed to `run`, their mapped pages may be
-        released, and the plan counts `value`'s bytes as packed. Returns `value` (an array or a
-        tuple of arrays)."""
+    def pack(self, inputs, make):
+        """Keep what prepare makes of the constant inputs `inputs` (their indices) as this kernel's
+        own: those inputs are then not passed to `run`, their mapped pages may be released, and
+        the plan counts its bytes as packed. `make` is that value (an array or a tuple of arrays)
+        or a function that makes it; the packer `ready` was given may hold it already (a weight
+        cache) and then returns its copy without calling `make`. Returns the value to keep."""
+        if self._packer is not None:
+            name = (f"{self.node.index}/{self.node.op_type}/{'-'.join(map(str, sorted(inputs)))}/"
+                    f"{_signature(self._packing_for)}")
+            value = self._packer.pack(name, make)
+        else:
+            value = make() if callable(make) else make
         arrays = value if isinstance(value, (tuple, list)) else (value,)
         self.packed = self.packed | frozenset(inputs)
         self.packed_bytes += sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
@@ -188,6 +206,23 @@ class Kernel:
 
     def run(self, *inputs, outs, scratch):
         raise NotImplementedError
+
+
+def _signature(inputs):
+    """A digest of what a packed value is made from: each input's shape and dtype, and its
+    identity when known (a file weight's id, else a digest of its bytes). A packed value's name
+    includes it, so a value made from other inputs never takes its place."""
+    h = hashlib.sha256()
+    for info in inputs:
+        if info is None:
+            h.update(b"-")
+            continue
+        h.update(repr((tuple(info.shape), str(info.dtype))).encode())
+        if info.weight is not None:
+            h.update(f"w{info.weight.id}".encode())
+        elif info.value is not None:
+            h.update(np.ascontiguousarray(info.value).tobytes())
+    return h.hexdigest()[:16]
 
 
 def register(op_type, since=1, domain=""):

@@ -7,7 +7,7 @@ against onnxruntime.
 
 import numpy as np
 import pytest
-from oracle import check_model, helper, make_model, rng
+from oracle import assert_close, check_model, helper, make_model, rng, run_onnxruntime
 
 import nnrun
 from nnrun import ir, ops
@@ -16,6 +16,8 @@ from nnrun.compiler.passes import PASSES, SWITCHABLE, PassRunner, check_disabled
 from nnrun.compiler.plan import ARENA, CONSTANT, FEED, FRESH, MAPPED, MEMORY
 from nnrun.compiler.release import EagerRelease
 from nnrun.compiler.stages import Context, NodeList, frozen_map
+from nnrun.executor import Executor
+from nnrun.loader import load_model
 
 F32 = np.dtype(np.float32)
 
@@ -144,8 +146,8 @@ def test_drop_dead_keeps_only_what_outputs_need():
 def test_prepare_kernels_sizes_each_steps_scratch():
     w = rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32)
     g = graph([("conv", "Conv", ["x", "w"], ["y"], {})], [("x", (1, 3, 16, 16))], ["y"], [("w", w)])
-    result, _ = shaped(g, {"x": ((1, 3, 16, 16), F32)})
-    (step,) = build.prepare_kernels(result).steps
+    result, ctx = shaped(g, {"x": ((1, 3, 16, 16), F32)})
+    (step,) = build.prepare_kernels(result, ctx).steps
     assert all(len(shape) >= 1 and dtype == F32 for shape, dtype in step.scratch)
 
 
@@ -153,7 +155,7 @@ def test_the_arena_passes_reach_the_lower_bound_on_a_chain():
     g = graph([(f"n{i}", "Relu", [f"v{i}"], [f"v{i + 1}"], {}) for i in range(5)],
               [("v0", (64, 64))], ["v5"])
     result, ctx = shaped(g, {"v0": ((64, 64), F32)})
-    prepared = build.prepare_kernels(result)
+    prepared = build.prepare_kernels(result, ctx)
     buffers = build.arena_buffers(prepared, ctx)
     order = build.memory_aware_order(buffers)
     spans = build.buffer_lifetimes(buffers, order)
@@ -238,3 +240,44 @@ def test_pass_runner_times_passes_and_locates_errors_without_a_node():
         run("lifetimes", broken)
     skipped = PassRunner({"fold_batchnorm"})
     assert skipped("fold_batchnorm", broken, "as it was") == "as it was"
+
+
+class RecordingPacker:
+    """A packer that keeps every packed value by name; with `held`, it returns those instead."""
+
+    def __init__(self, held=None):
+        self.held = held
+        self.kept, self.made = {}, []
+
+    def pack(self, name, make):
+        if self.held is not None:
+            return self.held[name]
+        value = make() if callable(make) else make
+        self.made.append(name)
+        self.kept[name] = value
+        return value
+
+
+def test_packed_values_go_through_the_packer_by_stable_names_and_a_hit_makes_nothing():
+    """The hook a weight cache uses: Gemm's scaled C reaches the packer under a name that is the
+    same in every compile; a packer that holds it is not asked to make it, and the plan runs on
+    its copy (checked against onnxruntime)."""
+    w = rng(0).standard_normal((6, 4)).astype(np.float32)
+    c = rng(1).standard_normal(4).astype(np.float32)
+    model = make_model([helper.make_node("Gemm", ["x", "w", "c"], ["y"], beta=0.5)],
+                       [("x", (np.float32, [3, 6]))], [("y", None)], [("w", w), ("c", c)])
+    graph_ = load_model(model.SerializeToString())
+    ops.load_all()
+    feeds = {"x": ((3, 6), F32)}
+    first = RecordingPacker()
+    build.compile_graph(graph_, feeds, packer=first)
+    assert len(first.made) == 1
+    second = RecordingPacker()
+    build.compile_graph(load_model(model.SerializeToString()), feeds, packer=second)
+    assert second.made == first.made  # the same names in another compile
+    held = {name: np.array(v, copy=True) for name, v in first.kept.items()}
+    hit = RecordingPacker(held)
+    plan = build.compile_graph(load_model(model.SerializeToString()), feeds, packer=hit)
+    assert hit.made == [] and plan.steps[0].kernel.bias is held[first.made[0]]
+    x = rng(2).standard_normal((3, 6)).astype(np.float32)
+    assert_close(Executor(plan).run({"x": x})["y"], run_onnxruntime(model, {"x": x})[0])

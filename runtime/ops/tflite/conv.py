@@ -104,8 +104,8 @@ class DepthwiseConv2D(WindowKernel):
                 # One input channel: a dense conv with M outputs, filter (M, H, W, 1).
                 self.plan = conv_core.conv_plan(self.win, 1, c_out, 1, x.dtype, conv_core.CHANNELS_LAST)
                 if w.value is not None:
-                    self.weight = self.pack({1}, np.ascontiguousarray(np.asarray(w.value).reshape(kh, kw, c_out)
-                                                                      .transpose(2, 0, 1)[..., None]))
+                    self.weight = self.pack({1}, lambda: np.ascontiguousarray(
+                        np.asarray(w.value).reshape(kh, kw, c_out).transpose(2, 0, 1)[..., None]))
             else:
                 self.plan = conv_core.conv_plan(self.win, c, c_out, c, x.dtype, conv_core.CHANNELS_LAST)
         except ValueError as e:
@@ -151,7 +151,7 @@ class TransposeConvKernel(Kernel):
             self.fail(str(e))
         self.weight = None
         if w.value is not None:
-            self.weight = self.pack({index}, np.ascontiguousarray(np.asarray(w.value).transpose(3, 0, 1, 2)))
+            self.weight = self.pack({index}, lambda: np.ascontiguousarray(np.asarray(w.value).transpose(3, 0, 1, 2)))
         x_elems = int(np.prod(self.shapes[0]))
         y_elems = int(np.prod(self.shapes[1]))
         return self.plan.scratch() + [((x_elems,), x.dtype), ((y_elems,), x.dtype)]
