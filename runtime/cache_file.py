@@ -64,20 +64,21 @@ class CacheWriter:
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        self._file = open(self._tmp, "wb")
+        self._file = open(self._tmp, "w+b")  # readable too: add_mapped maps what it wrote
         self._file.write(b"\0" * HEADER.size)
         self._offset = HEADER.size
         self._entries = []
         self._names = set()
 
-    def add(self, name, array):
-        """Append `array` (C-contiguous copy if need be) under `name`."""
+    def add(self, name, array, page=False):
+        """Append `array` (C-contiguous copy if need be) under `name`; returns its offset.
+        `page` starts it on a page, whatever its size (so that it can be mapped alone)."""
         if name in self._names:
             raise ValueError(f"array {name!r} added twice")
         array = np.ascontiguousarray(array)
         if array.dtype.str not in DTYPES:
             raise ValueError(f"dtype {array.dtype} cannot be cached")
-        start = _aligned(self._offset, array.nbytes)
+        start = _aligned(self._offset, LARGE if page else array.nbytes)
         self._file.write(b"\0" * (start - self._offset))
         data = memoryview(array).cast("B") if array.nbytes else b""
         self._file.write(data)
@@ -85,6 +86,24 @@ class CacheWriter:
         self._entries.append({"name": name, "offset": start, "nbytes": array.nbytes, "dtype": array.dtype.str,
                               "shape": list(array.shape), "crc32": zlib.crc32(data)})
         self._names.add(name)
+        return start
+
+    def add_mapped(self, name, array):
+        """Append `array` and return a read-only view of its bytes in this file, mapped shared:
+        the copy the caller made can go, and the view stays valid once the file is renamed."""
+        array = np.ascontiguousarray(array)
+        start = self.add(name, array, page=True)
+        if not array.nbytes:
+            view = np.empty(array.shape, array.dtype)
+        else:
+            self._file.flush()
+            region = mmap.mmap(self._file.fileno(), array.nbytes, access=mmap.ACCESS_READ, offset=start)
+            view = np.frombuffer(region, dtype=array.dtype, count=array.size).reshape(array.shape)
+        view.flags.writeable = False
+        return view
+
+    def __contains__(self, name):
+        return name in self._names
 
     def commit(self):
         """Write the index and the header, fsync, and rename into place; returns the path."""

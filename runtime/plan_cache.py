@@ -23,9 +23,10 @@ class PlanCache:
     its bodies through this same cache), so two threads never plan the same thing twice.
     """
 
-    def __init__(self, options=CompileOptions()):
+    def __init__(self, options=CompileOptions(), packer=None):
         ops.load_all()
         self.options = options
+        self.packer = packer  # keeps what kernels pack: a WeightCache, or None (memory)
         self.body_options = CompileOptions(options.disabled_passes | {"release_weights"})
         self._executors = {}
         self._graphs = {}  # id -> graph: keeps each keyed graph alive, so its id is never reused
@@ -42,7 +43,14 @@ class PlanCache:
             found = self._executors.get(key)
             if found is None:
                 options = self.body_options if body else self.options
-                plan = compile_graph(graph, feeds, options, constants, planner=self)
+                try:
+                    plan = compile_graph(graph, feeds, options, constants, planner=self, packer=self.packer)
+                except BaseException:
+                    if self.packer is not None:
+                        self.packer.abort()
+                    raise
+                if self.packer is not None:
+                    self.packer.commit()
                 found = self._executors[key] = Executor(plan)
                 self._graphs[id(graph)] = graph
         return found

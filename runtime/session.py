@@ -15,6 +15,8 @@ import numpy as np
 
 from . import ops
 from .compiler.build import CompileOptions
+from .compiler.weight_cache import WeightCache, cache_key
+from .compiler.weight_cache import default_directory as default_cache_directory
 from .errors import InputError, NnrunError
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
@@ -49,6 +51,10 @@ class SessionOptions:
         self.enable_profiling = False
         self.profile_file_prefix = "nnrun_profile"
         self.log_severity_level = 2
+        # Where packed weights are cached as a file shared by later sessions and other
+        # processes (None: off, packed weights stay in memory). Models given as bytes are
+        # never cached: they have no file whose identity could be checked cheaply.
+        self.weight_cache_dir = default_cache_directory()
 
     def compile_options(self):
         return CompileOptions(self.disabled_passes, fold_constants=self.fold_constants,
@@ -129,8 +135,13 @@ class InferenceSession:
             self._graph = load_model(path_or_bytes)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
+        self._weight_cache = None
+        if self._model_path is not None and self._options.weight_cache_dir is not None:
+            compile_options = self._options.compile_options()
+            self._weight_cache = WeightCache(self._options.weight_cache_dir,
+                                             cache_key(self._graph, compile_options.disabled_passes))
         # Every plan of this session, the main graph's and its control-flow bodies'.
-        self._plans = PlanCache(self._options.compile_options())
+        self._plans = PlanCache(self._options.compile_options(), self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
         self._last = None
         self._last_outputs = {}
@@ -261,6 +272,7 @@ class InferenceSession:
         phases = rec.phases()
         plan = self._last
         stats = plan.stats if plan else {}
+        cache = self._weight_cache
         report = {
             "model": self._model_path if self._model_path else "<bytes>",
             "format": self._graph.format,
@@ -272,8 +284,12 @@ class InferenceSession:
                 "arena_bytes": plan.arena_bytes if plan else 0,
                 "lower_bound_bytes": plan.lower_bound_bytes if plan else 0,
                 "weights_mapped_bytes": stats.get("weights_mapped_bytes", 0),
-                "weights_packed_bytes": stats.get("weights_packed_bytes", 0),
+                "weights_packed_bytes": stats.get("weights_packed_bytes", 0) + (cache.cached_bytes if cache else 0),
                 "weights_released_bytes": stats.get("weights_released_bytes", 0),
+                "weights_cached_bytes": cache.cached_bytes if cache else 0,
+                "weights_anonymous_bytes": stats.get("weights_packed_bytes", 0),
+                "weight_cache": ({"state": "off" if cache.off_reason else cache.state, "path": cache.path}
+                                 if cache else {"state": "off", "path": None}),
                 "steps": stats.get("steps", 0),
                 "plans": len(self._plans.plans(self._graph)),
             },

@@ -76,3 +76,13 @@ def weight_array(weight):
     if isinstance(weight, ExternalData):
         return weight.array()
     return weight
+
+
+def is_anonymous(array):
+    """Whether `array`'s bytes are memory of this process's own (made by numpy), rather than a
+    view of a mapped file (the model's, or a weight cache's) or of the loader's buffers."""
+    while isinstance(array, np.ndarray):
+        if array.base is None:
+            return True
+        array = array.base
+    return False

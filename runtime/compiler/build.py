@@ -126,7 +126,8 @@ def topological_order(nodes, context):
 
 def fold_batchnorm_pass(nodes, context):
     weights = dict(nodes.weights)
-    folded = fold_batchnorm(list(nodes.nodes), weights, set(context.outputs), context.release.copied)
+    keep = context.packer.pack if context.packer is not None else None
+    folded = fold_batchnorm(list(nodes.nodes), weights, set(context.outputs), context.release.copied, keep)
     return NodeList(tuple(folded), frozen_map(weights))
 
 
@@ -351,7 +352,7 @@ def build_plan(prepared, buffers, placement, context):
     for n in dict.fromkeys(n for step in prepared.steps for n in step.node.inputs):
         if n in constants:
             weight = infos[n].weight
-            const_values[n], copied = _aligned(constants[n], weight, context.release)
+            const_values[n], copied = _aligned(constants[n], weight, context.release, context.packer)
             if weight is not None and not copied:
                 kept[weight.id] = weight
 
@@ -445,24 +446,28 @@ def _weight_read(name, k, kernel, infos, kept):
     return WeightRead(name, info.nbytes, where, weight_id)
 
 
-def _aligned(value, weight, release):
+def _aligned(value, weight, release, packer=None):
     """(the value itself, False), or (an aligned copy, True) when it lies unaligned in the file.
 
     A raw_data payload starts wherever protobuf put it; numpy hands an unaligned
     operand to BLAS only after copying it, on every call. Copying it once here
-    is packing like any other: the mapped pages of `weight` are then released.
+    is packing like any other (through the weight cache when there is one): the
+    mapped pages of `weight` are then released.
     """
     array = value.array() if isinstance(value, ExternalData) else value
     if isinstance(array, np.ndarray) and not array.flags.aligned:
-        copy = np.array(array, copy=True)
+        if packer is not None and weight is not None:
+            copy = packer.pack(f"aligned/w{weight.id}", lambda: np.array(array, copy=True))
+        else:
+            copy = np.array(array, copy=True)
         release.copied(weight)
         return copy, True
     return value, False
 
 
 def _packed_bytes(plan, weights, initializers):
-    """Anonymous weight bytes the plan holds: what rewrites and folding made (arrays, not mapped
-    views) and what kernels packed (`Kernel.pack`)."""
+    """Weight bytes PREPARE made that live in anonymous memory: what rewrites and folding made
+    and what kernels packed (`Kernel.pack`), unless a weight cache holds them."""
     made = {}
     for name, value in weights.items():
         if name not in initializers:

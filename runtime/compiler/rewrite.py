@@ -5,11 +5,33 @@ returns a new node list, and may add weights (anonymous arrays: packed weights).
 The loader's Graph is never mutated. Each can be switched off in SessionOptions.
 """
 
+import hashlib
+
 import numpy as np
 
 from ..ir import Graph, Node
-from ..weights import weight_array
+from ..weights import ExternalData, weight_array
 from ..ops.activation import FUSABLE
+
+
+def _identity(value):
+    """A file weight's id, or a digest of an array's bytes: what a packed value's name is made of."""
+    if value is None:
+        return "-"
+    if isinstance(value, ExternalData):
+        return f"w{value.id}"
+    array = np.ascontiguousarray(value)
+    return f"{array.dtype.str}{array.shape}:" + hashlib.sha256(array.tobytes()).hexdigest()[:16]
+
+
+def _folded(w, b, bn_params, eps):
+    """(W', B') of a Conv with the BatchNormalization after it folded in."""
+    w = weight_array(w)
+    scale, bias, mean, var = (weight_array(p).astype(np.float64) for p in bn_params)
+    factor = scale / np.sqrt(var + eps)
+    b = weight_array(b).astype(np.float64) if b is not None else np.zeros(w.shape[0])
+    new_w = (w * factor.reshape((-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)).astype(w.dtype)
+    return new_w, ((b - mean) * factor + bias).astype(w.dtype)
 
 
 def _consumers(nodes):
@@ -25,13 +47,15 @@ def _single_use(name, users, graph_outputs):
     return len(users.get(name, ())) == 1 and name not in graph_outputs
 
 
-def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None):
+def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, keep=None):
     """Conv -> BatchNormalization (inference, constant parameters) becomes one Conv.
 
     W' = W * scale / sqrt(var + eps) per output channel, B' = (B - mean) * that + bias.
-    The new W' and B' are packed weights; `copied` is told of each original that
-    no other node reads, so its mapped pages can go at once.
+    The new W' and B' are packed weights, made by `keep(name, make)` when given (a
+    weight cache, which may hold them already and then does not make them); `copied`
+    is told of each original that no other node reads, so its mapped pages can go at once.
     """
+    keep = keep or (lambda name, make: make())
     users = _consumers(nodes)
     fused_into = {}  # index of a BatchNormalization -> replacement Conv
     dropped = set()
@@ -50,18 +74,13 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None):
         params = conv.inputs[1:3] + bn.inputs[1:5]
         if len(conv.inputs) < 2 or not all(p in weights for p in params if p) or len(bn.inputs) < 5:
             continue
-        w = weight_array(weights[conv.inputs[1]])
-        if w.dtype.kind != "f":
+        w = weights[conv.inputs[1]]
+        if np.dtype(w.dtype).kind != "f" or any(tuple(weights[p].shape) != (w.shape[0],) for p in bn.inputs[1:5]):
             continue
-        scale, bias, mean, var = (weight_array(weights[p]).astype(np.float64) for p in bn.inputs[1:5])
         eps = bn.attrs.get("epsilon", 1e-5)
-        factor = scale / np.sqrt(var + eps)
-        if factor.shape != (w.shape[0],):
-            continue
-        b = (weight_array(weights[conv.inputs[2]]).astype(np.float64)
-             if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
-        new_w = (w * factor.reshape((-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)).astype(w.dtype)
-        new_b = ((b - mean) * factor + bias).astype(w.dtype)
+        b = weights[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else None
+        name = "fold_batchnorm/" + "/".join(_identity(v) for v in (w, b, *(weights[p] for p in bn.inputs[1:5])))
+        new_w, new_b = keep(name, lambda: _folded(w, b, [weights[p] for p in bn.inputs[1:5]], eps))
         if len(users.get(conv.inputs[1], ())) == 1:
             copied(weights[conv.inputs[1]])
         base = conv.name or conv.outputs[0]

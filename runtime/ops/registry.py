@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelError
+from ..weights import is_anonymous
 
 REQUIRED = object()
 
@@ -110,7 +111,7 @@ class Kernel:
     foldable = True  # may run at PREPARE when every input is known
     uses_planner = False  # made with the planner of its bodies (control flow: see control.py)
     packed = frozenset()  # inputs the kernel holds in a layout of its own (see pack)
-    packed_bytes = 0  # the bytes of what it made of them
+    packed_bytes = 0  # the bytes of what it made of them that live in memory (not a cache file's)
     _sealed = None  # None: open; "infer" while its shape rule runs; "frozen" once prepared
     _packer = None  # while prepare runs: what keeps packed values (see ready and pack)
     _packing_for = ()  # while prepare runs: its inputs
@@ -187,7 +188,7 @@ class Kernel:
             value = make() if callable(make) else make
         arrays = value if isinstance(value, (tuple, list)) else (value,)
         self.packed = self.packed | frozenset(inputs)
-        self.packed_bytes += sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+        self.packed_bytes += sum(a.nbytes for a in arrays if isinstance(a, np.ndarray) and is_anonymous(a))
         return value
 
     def fail(self, message):

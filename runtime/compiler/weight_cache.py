@@ -1,0 +1,191 @@
+"""Packed weights in a cache file instead of anonymous memory: the packer `compile_graph` hands
+to kernels (`Kernel.pack`), after TFLite's XNNPACK weight cache.
+
+One file per model and packing options (`cache_key`). A value packed for the first
+time is written into the file being built and handed back as a read-only view of
+that file, mapped shared: the anonymous copy that made it goes at once. A value
+the file already holds is handed back without being made. `commit` publishes the
+file (atomically: see cache_file.py), with the entries of an older file kept, so
+a later session, in this process or another, maps it and packs nothing.
+
+The cache never fails a session: a file that is stale, truncated or corrupt is
+rebuilt, and a directory that cannot be written (read-only, full, no mmap)
+turns the cache off for the session with one warning.
+"""
+
+import hashlib
+import os
+import threading
+import warnings
+
+import numpy as np
+
+from .. import __version__
+from ..cache_file import DTYPES, FORMAT_VERSION, CacheFile, CacheFileError, CacheWriter
+from .release import mapped_weights
+
+SAMPLE = 64  # bytes of each weight's start and end that the key hashes
+
+
+def default_directory():
+    """$XDG_CACHE_HOME/nnrun/weights, or ~/.cache/nnrun/weights."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "nnrun", "weights")
+
+
+def cache_key(graph, disabled_passes=()):
+    """What makes the packed bytes what they are, as text.
+
+    The model's content is hashed without reading its weights, so that a warm start
+    stays instant: every byte of each file outside the weights' payloads (the graph's
+    structure: ops, attributes, names, shapes, dtypes, where each payload lies), each
+    payload's length and its first and last 64 bytes, and the file's size and
+    modification time. A weight edited in place keeps none of these unchanged unless
+    its first and last bytes and the file's mtime are all restored on purpose; any other
+    change (another model, a re-export, a different file at the same path) changes the
+    key. nnrun's version, the cache format and the disabled passes complete it: each can
+    change what a kernel packs.
+    """
+    h = hashlib.sha256()
+    by_source = {}
+    for w in mapped_weights(graph):
+        by_source.setdefault(id(w.source), (w.source, []))[1].append(w)
+    sources = list(by_source.values())
+    if graph.source is not None and id(graph.source) not in by_source:
+        sources.insert(0, (graph.source, []))
+    for source, weights in sources:
+        h.update(f"file:{source.size}:{_mtime(source.path)}".encode())
+        spans = sorted({(w.offset, w.nbytes) for w in weights})
+        position = 0
+        for offset, nbytes in spans:
+            if offset > position:
+                h.update(source.buffer[position:offset])
+            end = offset + nbytes
+            h.update(f"payload:{offset}:{nbytes}".encode())
+            h.update(source.buffer[offset:min(end, offset + SAMPLE)])
+            h.update(source.buffer[max(offset, end - SAMPLE):end])
+            position = max(position, end)
+        h.update(source.buffer[position:source.size])
+    return (f"model={h.hexdigest()};nnrun={__version__};format={FORMAT_VERSION};numpy={np.__version__};"
+            f"disabled={','.join(sorted(disabled_passes))}")
+
+
+def _mtime(path):
+    if not path:
+        return "-"
+    try:
+        return str(os.stat(path).st_mtime_ns)
+    except OSError:
+        return "-"
+
+
+class WeightCache:
+    """The packer of one model's plans: values by name, from the cache file or into it."""
+
+    def __init__(self, directory, key):
+        self.key = key
+        self.path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:32] + ".nnw")
+        self.state = "miss"  # "hit" once every value asked for came from the file
+        self.cached_bytes = 0  # bytes handed out as views of a cache file
+        self.off_reason = None  # set when the cache turned itself off
+        self._lock = threading.RLock()
+        self._writer = None
+        self._file = None
+        self._file_groups = None
+        try:
+            self._file = CacheFile(self.path, key)
+            self.state = "hit"
+        except CacheFileError:
+            pass  # missing, stale or damaged: what is asked for is made and written anew
+
+    def pack(self, name, make):
+        """The value `name` (an array or a tuple of arrays): the file's copy, or `make`'s, kept."""
+        with self._lock:
+            held = self._held(name)
+            if held is not None:
+                return held
+            value = make() if callable(make) else make
+            if self.off_reason is not None:
+                return value
+            self.state = "miss"
+            try:
+                if isinstance(value, (tuple, list)):
+                    kept = tuple(self._keep(f"{name}#{k}/{len(value)}", v) for k, v in enumerate(value))
+                else:
+                    kept = self._keep(name, value)
+            except (OSError, ValueError) as e:
+                self._turn_off(e)
+                return value
+            return kept
+
+    def _held(self, name):
+        if self._file is None:
+            return None
+        try:
+            if name in self._file:
+                view = self._file.array(name)
+                self.cached_bytes += view.nbytes
+                return view
+            parts = self._groups().get(name)
+            if parts:
+                views = tuple(self._file.array(part) for part in parts)
+                self.cached_bytes += sum(v.nbytes for v in views)
+                return views
+        except CacheFileError:
+            self._file, self._file_groups = None, None  # damaged: made again, the file rebuilt
+        return None
+
+    def _groups(self):
+        """The file's tuple values, complete ones only: name -> the names of its parts in order."""
+        if self._file_groups is None:
+            found = {}
+            for entry in self._file.names():
+                base, sep, position = entry.rpartition("#")
+                k, _, n = position.partition("/")
+                if sep and k.isdigit() and n.isdigit():
+                    found.setdefault((base, int(n)), {})[int(k)] = entry
+            self._file_groups = {base: [parts[k] for k in range(n)] for (base, n), parts in found.items()
+                                 if len(parts) == n}
+        return self._file_groups
+
+    def _keep(self, name, array):
+        if not isinstance(array, np.ndarray) or array.dtype.str not in DTYPES:
+            return array
+        if self._writer is None:
+            self._writer = CacheWriter(self.path, self.key)
+        if name in self._writer:
+            return array
+        view = self._writer.add_mapped(name, array)
+        self.cached_bytes += view.nbytes
+        return view
+
+    def commit(self):
+        """Publish what was packed since the last commit, with the older file's entries kept."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+            if writer is None:
+                return
+            try:
+                if self._file is not None:
+                    for name in self._file.names():
+                        if name not in writer:
+                            writer.add(name, self._file.array(name))
+                writer.commit()
+                self._file, self._file_groups = CacheFile(self.path, self.key), None
+            except (OSError, ValueError, CacheFileError) as e:
+                writer.abort()
+                self._turn_off(e)
+
+    def abort(self):
+        """Drop what was packed since the last commit (PREPARE failed); views of it stay valid."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                writer.abort()
+
+    def _turn_off(self, error):
+        if self.off_reason is None:
+            self.off_reason = f"{type(error).__name__}: {error}"
+            warnings.warn(f"nnrun: the weight cache at {self.path} is off for this session "
+                          f"({self.off_reason}); packed weights stay in memory", RuntimeWarning, stacklevel=3)
+

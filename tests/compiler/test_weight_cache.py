@@ -1,0 +1,146 @@
+"""The weight cache (runtime/compiler/weight_cache.py): what PREPARE packs (folded Conv+BatchNorm
+filters, a Gemm's scaled C, LSTM's packed R) is written once to a cache file and mapped read-only
+by later sessions, which pack nothing; no packed byte stays anonymous. A damaged file is rebuilt,
+an unwritable directory turns the cache off with one warning, racing processes publish one valid
+file. Outputs are checked against onnxruntime throughout."""
+
+import multiprocessing
+import os
+import warnings
+
+import numpy as np
+import pytest
+from oracle import assert_close, helper, make_model, rng, run_onnxruntime
+
+import nnrun
+from nnrun.compiler import rewrite
+from nnrun.compiler.weight_cache import cache_key
+from nnrun.loader import load_model
+
+
+def packing_model(seed=0):
+    r = rng(seed)
+    w = r.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    bn = [(n, r.uniform(0.5, 1.5, 8).astype(np.float32)) for n in ("s", "bb", "m", "v")]
+    fc = r.standard_normal((8, 5)).astype(np.float32)
+    c = r.standard_normal(5).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["conv", "s", "bb", "m", "v"], ["bn"], name="bn"),
+             helper.make_node("GlobalAveragePool", ["bn"], ["pool"]),
+             helper.make_node("Flatten", ["pool"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "fc", "c"], ["y"], beta=0.5, name="fc")]
+    return make_model(nodes, [("x", (np.float32, [2, 3, 8, 8]))], [("y", None)],
+                      [("w", w)] + bn + [("fc", fc), ("c", c)])
+
+
+X = {"x": rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32)}
+
+
+def saved(tmp_path, model, name="m.onnx"):
+    path = tmp_path / name
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+def session(path, directory):
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = str(directory)
+    return nnrun.InferenceSession(path, sess_options=options)
+
+
+def test_a_second_session_maps_the_cache_and_packs_nothing(tmp_path, monkeypatch):
+    model = packing_model()
+    path, directory = saved(tmp_path, model), tmp_path / "cache"
+    want = run_onnxruntime(model, X)[0]
+    cold = session(path, directory)
+    plan = cold.report()["plan"]
+    assert plan["weight_cache"]["state"] == "miss" and os.path.exists(plan["weight_cache"]["path"])
+    assert plan["weights_anonymous_bytes"] == 0 and plan["weights_cached_bytes"] > 0
+    assert_close(cold.run(None, X)[0], want)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm session folded a BatchNormalization again")
+
+    monkeypatch.setattr(rewrite, "_folded", refuse)
+    warm = session(path, directory)
+    plan = warm.report()["plan"]
+    assert plan["weight_cache"]["state"] == "hit"
+    assert plan["weights_anonymous_bytes"] == 0
+    assert plan["weights_cached_bytes"] == cold.report()["plan"]["weights_cached_bytes"]
+    assert_close(warm.run(None, X)[0], want)
+    step = next(s for s in warm.plan().steps if s.op_type == "Gemm")
+    assert not step.kernel.bias.flags.writeable  # a view of the cache file
+
+
+def test_the_cache_is_off_for_a_model_given_as_bytes_or_when_asked(tmp_path):
+    model = packing_model()
+    assert nnrun.InferenceSession(model.SerializeToString()).report()["plan"]["weight_cache"]["state"] == "off"
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = None
+    sess = nnrun.InferenceSession(saved(tmp_path, model), sess_options=options)
+    plan = sess.report()["plan"]
+    assert plan["weight_cache"]["state"] == "off" and plan["weights_anonymous_bytes"] > 0
+
+
+@pytest.mark.parametrize("damage", ["payload", "truncate", "garbage"])
+def test_a_damaged_cache_file_is_rebuilt_never_used(tmp_path, damage):
+    model = packing_model()
+    path, directory = saved(tmp_path, model), tmp_path / "cache"
+    cache_path = session(path, directory).report()["plan"]["weight_cache"]["path"]
+    data = bytearray(open(cache_path, "rb").read())
+    if damage == "payload":
+        data[4096 + 8] ^= 0x40  # inside the first packed array
+    elif damage == "truncate":
+        data = data[:len(data) // 2]
+    else:
+        data = bytearray(b"not a cache file" * 10)
+    with open(cache_path, "wb") as f:
+        f.write(data)
+    sess = session(path, directory)
+    assert sess.report()["plan"]["weight_cache"]["state"] == "miss"  # rebuilt
+    assert_close(sess.run(None, X)[0], run_onnxruntime(model, X)[0])
+    assert session(path, directory).report()["plan"]["weight_cache"]["state"] == "hit"
+
+
+def test_an_unwritable_cache_directory_warns_once_and_the_session_works(tmp_path):
+    model = packing_model()
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory should be")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sess = session(saved(tmp_path, model), blocked / "cache")
+    assert len([w for w in caught if "weight cache" in str(w.message)]) == 1
+    assert sess.report()["plan"]["weight_cache"]["state"] == "off"
+    assert_close(sess.run(None, X)[0], run_onnxruntime(model, X)[0])
+
+
+def test_another_model_or_other_passes_get_another_key(tmp_path):
+    a = load_model(saved(tmp_path, packing_model(0), "a.onnx"))
+    b = load_model(saved(tmp_path, packing_model(1), "b.onnx"))
+    assert cache_key(a) != cache_key(b)
+    assert cache_key(a) != cache_key(a, {"fold_batchnorm"})
+    assert cache_key(a) == cache_key(load_model(a.path))
+
+
+def _serve(path, directory, queue):
+    sess = session(path, directory)
+    queue.put(sess.run(None, X)[0])
+
+
+def test_four_processes_starting_on_an_empty_cache_leave_one_valid_file(tmp_path):
+    model = packing_model()
+    path, directory = saved(tmp_path, model), tmp_path / "cache"
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=_serve, args=(path, directory, queue)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    results = [queue.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    want = run_onnxruntime(model, X)[0]
+    for got in results:
+        assert_close(got, want)
+    assert len(os.listdir(directory)) == 1  # one file, no temporary left
+    assert session(path, directory).report()["plan"]["weight_cache"]["state"] == "hit"
