@@ -72,6 +72,9 @@ def build_parser():
                    help="write a Chrome trace of the timed runs (one event per step) and print the top ops")
     p.add_argument("--memory-timeline", metavar="OUT.png",
                    help="draw live arena and resident weight bytes per step (needs matplotlib)")
+    p.add_argument("--weight-cache", metavar="DIR",
+                   help="where packed weights are cached (default: $XDG_CACHE_HOME/nnrun/weights)")
+    p.add_argument("--no-weight-cache", action="store_true", help="keep packed weights in memory only")
     p.add_argument("--dump-intermediates", metavar="DIR",
                    help="after the timed runs, run once more and write every step's outputs as DIR/NAME.npy")
     p.add_argument("--stop-after", metavar="NODE",
@@ -92,6 +95,10 @@ def main(argv=None):
             setattr(options, switch, False)
     options.disabled_passes = set(args.disable_pass)
     options.enable_profiling = bool(args.profile)
+    if args.weight_cache:
+        options.weight_cache_dir = args.weight_cache
+    if args.no_weight_cache:
+        options.weight_cache_dir = None
     dims = {k: int(v) for k, v in parse_pairs(args.dim, "--dim").items()}
     files = parse_pairs(args.input, "--input")
     try:

@@ -288,7 +288,7 @@ class InferenceSession:
                 "weights_released_bytes": stats.get("weights_released_bytes", 0),
                 "weights_cached_bytes": cache.cached_bytes if cache else 0,
                 "weights_anonymous_bytes": stats.get("weights_packed_bytes", 0),
-                "weight_cache": ({"state": "off" if cache.off_reason else cache.state, "path": cache.path}
+                "weight_cache": ({"state": cache.state, "path": cache.path}
                                  if cache else {"state": "off", "path": None}),
                 "steps": stats.get("steps", 0),
                 "plans": len(self._plans.plans(self._graph)),

@@ -3,7 +3,7 @@
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from oracle import make_model
+from oracle import make_model, rng
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -32,3 +32,20 @@ def loop_model(m, body_stops):
     return make_model([node], [("x", (np.float32, [2])), ("acc0", (np.float32, [2]))],
                       [("acc", None), ("scans", None)],
                       [("m", np.array(m, np.int64)), ("cond", np.array(True))], opset=16)
+
+
+def packing_model(seed=0):
+    """Conv+BatchNormalization (folded at PREPARE) and a Gemm whose C is scaled (packed): a model
+    with packed weights, x of shape (2, 3, 8, 8)."""
+    r = rng(seed)
+    w = r.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    bn = [(n, r.uniform(0.5, 1.5, 8).astype(np.float32)) for n in ("s", "bb", "m", "v")]
+    fc = r.standard_normal((8, 5)).astype(np.float32)
+    c = r.standard_normal(5).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["conv", "s", "bb", "m", "v"], ["bn"], name="bn"),
+             helper.make_node("GlobalAveragePool", ["bn"], ["pool"]),
+             helper.make_node("Flatten", ["pool"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "fc", "c"], ["y"], beta=0.5, name="fc")]
+    return make_model(nodes, [("x", (np.float32, [2, 3, 8, 8]))], [("y", None)],
+                      [("w", w)] + bn + [("fc", fc), ("c", c)])

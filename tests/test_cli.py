@@ -88,3 +88,28 @@ def test_dump_intermediates_until_a_node_match_onnxruntime(tmp_path):
     want = run_onnxruntime(with_outputs(model, ["c", "r"]), X)
     assert_close(np.load(out / "c.npy"), want[1])
     assert_close(np.load(out / "r.npy"), want[2])
+
+
+def test_weight_cache_directory_and_switch(tmp_path):
+    from graphs import packing_model
+
+    from oracle import run_onnxruntime
+
+    model = packing_model()
+    path = tmp_path / "packing.onnx"
+    path.write_bytes(model.SerializeToString())
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    args = ("--model", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--repeat", "1", "--report", "json",
+            "--save-outputs")
+    cache = tmp_path / "cache"
+    states = []
+    for run in ("cold", "warm"):
+        result = nnrun_cli(*args, str(tmp_path / run), "--weight-cache", str(cache))
+        assert result.returncode == 0, result.stderr
+        states.append(json.loads(result.stdout)["plan"]["weight_cache"]["state"])
+        assert_close(np.load(tmp_path / run / "y.npy"), run_onnxruntime(model, {"x": x})[0])
+    assert states == ["miss", "hit"] and len(os.listdir(cache)) == 1
+    off = nnrun_cli(*args, str(tmp_path / "off"), "--no-weight-cache")
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout)["plan"]["weight_cache"]["state"] == "off"

@@ -85,7 +85,8 @@ class WeightCache:
     def __init__(self, directory, key):
         self.key = key
         self.path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:32] + ".nnw")
-        self.state = "miss"  # "hit" once every value asked for came from the file
+        self.made = 0  # values packed and written this session
+        self.held = 0  # values the file already held
         self.cached_bytes = 0  # bytes handed out as views of a cache file
         self.off_reason = None  # set when the cache turned itself off
         self._lock = threading.RLock()
@@ -94,7 +95,6 @@ class WeightCache:
         self._file_groups = None
         try:
             self._file = CacheFile(self.path, key)
-            self.state = "hit"
         except CacheFileError:
             pass  # missing, stale or damaged: what is asked for is made and written anew
 
@@ -103,11 +103,12 @@ class WeightCache:
         with self._lock:
             held = self._held(name)
             if held is not None:
+                self.held += 1
                 return held
             value = make() if callable(make) else make
             if self.off_reason is not None:
                 return value
-            self.state = "miss"
+            self.made += 1
             try:
                 if isinstance(value, (tuple, list)):
                     kept = tuple(self._keep(f"{name}#{k}/{len(value)}", v) for k, v in enumerate(value))
@@ -175,6 +176,16 @@ class WeightCache:
             except (OSError, ValueError, CacheFileError) as e:
                 writer.abort()
                 self._turn_off(e)
+
+    @property
+    def state(self):
+        """"off" (turned off), "miss" (something was packed and written), "hit" (everything came
+        from the file) or "unused" (nothing to pack)."""
+        if self.off_reason is not None:
+            return "off"
+        if self.made:
+            return "miss"
+        return "hit" if self.held else "unused"
 
     def abort(self):
         """Drop what was packed since the last commit (PREPARE failed); views of it stay valid."""

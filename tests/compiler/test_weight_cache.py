@@ -10,27 +10,13 @@ import warnings
 
 import numpy as np
 import pytest
-from oracle import assert_close, helper, make_model, rng, run_onnxruntime
+from graphs import packing_model
+from oracle import assert_close, rng, run_onnxruntime
 
 import nnrun
 from nnrun.compiler import rewrite
 from nnrun.compiler.weight_cache import cache_key
 from nnrun.loader import load_model
-
-
-def packing_model(seed=0):
-    r = rng(seed)
-    w = r.standard_normal((8, 3, 3, 3)).astype(np.float32)
-    bn = [(n, r.uniform(0.5, 1.5, 8).astype(np.float32)) for n in ("s", "bb", "m", "v")]
-    fc = r.standard_normal((8, 5)).astype(np.float32)
-    c = r.standard_normal(5).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("BatchNormalization", ["conv", "s", "bb", "m", "v"], ["bn"], name="bn"),
-             helper.make_node("GlobalAveragePool", ["bn"], ["pool"]),
-             helper.make_node("Flatten", ["pool"], ["flat"]),
-             helper.make_node("Gemm", ["flat", "fc", "c"], ["y"], beta=0.5, name="fc")]
-    return make_model(nodes, [("x", (np.float32, [2, 3, 8, 8]))], [("y", None)],
-                      [("w", w)] + bn + [("fc", fc), ("c", c)])
 
 
 X = {"x": rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32)}
