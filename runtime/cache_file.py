@@ -58,9 +58,10 @@ def _aligned(offset, nbytes):
 class CacheWriter:
     """Writes arrays into a temporary file beside `path`; `commit` publishes it atomically."""
 
-    def __init__(self, path, key):
+    def __init__(self, path, key, label=""):
         self.path = os.fspath(path)
         self.key = key
+        self.label = label  # what the file is for, shown to people (a model's path); not checked
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -107,7 +108,8 @@ class CacheWriter:
 
     def commit(self):
         """Write the index and the header, fsync, and rename into place; returns the path."""
-        index = json.dumps({"key": self.key, "entries": self._entries}, separators=(",", ":")).encode()
+        index = json.dumps({"key": self.key, "label": self.label, "entries": self._entries},
+                           separators=(",", ":")).encode()
         index_offset = _aligned(self._offset, 0)
         self._file.write(b"\0" * (index_offset - self._offset))
         self._file.write(index)
@@ -153,7 +155,9 @@ def _fsync_directory(directory):
 
 
 class CacheFile:
-    """A cache file mapped read-only: its arrays as views of a shared file mapping."""
+    """A cache file mapped read-only: its arrays as views of a shared file mapping.
+
+    `key` None opens a file whatever its key (to list a cache directory)."""
 
     def __init__(self, path, key):
         self.path = os.fspath(path)
@@ -182,7 +186,7 @@ class CacheFile:
             raise CacheFileError(f"{self.path} is not a cache file (magic {magic!r})")
         if version != FORMAT_VERSION:
             raise CacheFileError(f"{self.path} has format {version}, this nnrun writes {FORMAT_VERSION}")
-        if digest != key_digest(key):
+        if key is not None and digest != key_digest(key):
             raise CacheFileError(f"{self.path} was written for another key")
         if index_offset < HEADER.size or index_offset + index_length > self.size:
             raise CacheFileError(f"{self.path}: index at {index_offset} (+{index_length}) lies outside its "
@@ -192,8 +196,9 @@ class CacheFile:
             raise CacheFileError(f"{self.path}: the index's checksum does not match")
         try:
             table = json.loads(index)
-            if table["key"] != key:
+            if key is not None and table["key"] != key:
                 raise CacheFileError(f"{self.path} was written for another key")
+            self.key, self.label = str(table["key"]), str(table.get("label", ""))
             entries = {}
             for e in table["entries"]:
                 entry = (int(e["offset"]), int(e["nbytes"]), str(e["dtype"]), tuple(int(d) for d in e["shape"]),

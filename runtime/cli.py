@@ -82,7 +82,35 @@ def build_parser():
     return p
 
 
+def cache_command(argv):
+    """`nnrun cache [list|clear] [--dir DIR]`: the weight cache's files, their sizes, ages and models."""
+    from .compiler.weight_cache import default_directory, list_directory
+
+    p = argparse.ArgumentParser(prog="nnrun cache", description=cache_command.__doc__)
+    p.add_argument("action", nargs="?", choices=("list", "clear"), default="list")
+    p.add_argument("--dir", default=default_directory(), help="the cache directory (default: %(default)s)")
+    args = p.parse_args(argv)
+    files = list_directory(args.dir)
+    if args.action == "clear":
+        freed = 0
+        for path, size, _, _ in files:
+            try:
+                os.remove(path)
+                freed += size
+            except OSError as e:
+                print(f"nnrun cache: cannot remove {path}: {e.strerror or e}", file=sys.stderr)
+        print(f"removed {len(files)} cache files, {freed / 2**20:.1f} MiB, from {args.dir}")
+        return 0
+    print(f"{args.dir}: {len(files)} cache files, {sum(f[1] for f in files) / 2**20:.1f} MiB")
+    for path, size, age, label in files:
+        print(f"  {os.path.basename(path)}  {size / 2**20:9.1f} MiB  {age / 3600:8.1f} h old  {label}")
+    return 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cache"]:
+        return cache_command(argv[1:])
     args = build_parser().parse_args(argv)
     import nnrun
 

@@ -139,7 +139,8 @@ class InferenceSession:
         if self._model_path is not None and self._options.weight_cache_dir is not None:
             compile_options = self._options.compile_options()
             self._weight_cache = WeightCache(self._options.weight_cache_dir,
-                                             cache_key(self._graph, compile_options.disabled_passes))
+                                             cache_key(self._graph, compile_options.disabled_passes),
+                                             label=os.path.abspath(self._model_path))
         # Every plan of this session, the main graph's and its control-flow bodies'.
         self._plans = PlanCache(self._options.compile_options(), self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once

@@ -113,3 +113,18 @@ def test_weight_cache_directory_and_switch(tmp_path):
     off = nnrun_cli(*args, str(tmp_path / "off"), "--no-weight-cache")
     assert off.returncode == 0, off.stderr
     assert json.loads(off.stdout)["plan"]["weight_cache"]["state"] == "off"
+
+
+def test_cache_lists_and_clears_its_files(tmp_path):
+    from graphs import packing_model
+
+    path = tmp_path / "packing.onnx"
+    path.write_bytes(packing_model().SerializeToString())
+    cache = tmp_path / "cache"
+    assert nnrun_cli("--model", str(path), "--repeat", "1", "--weight-cache", str(cache)).returncode == 0
+    listed = nnrun_cli("cache", "list", "--dir", str(cache))
+    assert listed.returncode == 0, listed.stderr
+    assert "1 cache files" in listed.stdout and str(path) in listed.stdout
+    cleared = nnrun_cli("cache", "clear", "--dir", str(cache))
+    assert cleared.returncode == 0 and "removed 1 cache files" in cleared.stdout
+    assert os.listdir(cache) == []

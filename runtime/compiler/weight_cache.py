@@ -70,6 +70,32 @@ def cache_key(graph, disabled_passes=()):
             f"disabled={','.join(sorted(disabled_passes))}")
 
 
+def list_directory(directory):
+    """The cache files of `directory`: (path, bytes, seconds since written, label or a reason)."""
+    import time
+
+    found = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return found
+    for name in names:
+        if not name.endswith(".nnw"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            age = time.time() - os.stat(path).st_mtime
+            size = os.path.getsize(path)
+        except OSError:
+            continue
+        try:
+            label = CacheFile(path, None).label or "(no label)"
+        except CacheFileError as e:
+            label = f"(invalid: {e})"
+        found.append((path, size, age, label))
+    return found
+
+
 def _mtime(path):
     if not path:
         return "-"
@@ -82,8 +108,9 @@ def _mtime(path):
 class WeightCache:
     """The packer of one model's plans: values by name, from the cache file or into it."""
 
-    def __init__(self, directory, key):
+    def __init__(self, directory, key, label=""):
         self.key = key
+        self.label = label
         self.path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:32] + ".nnw")
         self.made = 0  # values packed and written this session
         self.held = 0  # values the file already held
@@ -153,7 +180,7 @@ class WeightCache:
         if not isinstance(array, np.ndarray) or array.dtype.str not in DTYPES:
             return array
         if self._writer is None:
-            self._writer = CacheWriter(self.path, self.key)
+            self._writer = CacheWriter(self.path, self.key, self.label)
         if name in self._writer:
             return array
         view = self._writer.add_mapped(name, array)
