@@ -18,8 +18,8 @@ import numpy as np
 
 from .. import ops
 from ..errors import ModelError, UnsupportedOperatorError, located
-from ..ops.registry import NeedsValueError, TensorInfo, instantiate
-from ..weights import ExternalData, weight_array
+from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
+from ..weights import ExternalData, is_anonymous, weight_array
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
@@ -189,6 +189,8 @@ def infer_shapes(nodes, context, fold):
                 out_infos = fold_constants(kernel, derived, in_infos, out_infos)
         except Exception as e:  # noqa: BLE001 - every failure must name the node
             raise located(e, "PREPARE", pass_name, node) from e
+        if context.packer is not None:
+            out_infos = _kept_in_cache(context.packer, node, in_infos, out_infos)
         for name, info in zip(node.outputs, out_infos):
             if name:
                 infos[name] = info
@@ -198,6 +200,23 @@ def infer_shapes(nodes, context, fold):
         if name not in infos:
             raise ModelError(f"graph output {name!r} is produced by no node")
     return Shaped(tuple(steps), frozen_map(infos))
+
+
+CACHED_VALUE_MIN_BYTES = 4096  # smaller values made at PREPARE stay in memory
+
+
+def _kept_in_cache(packer, node, in_infos, out_infos):
+    """Values made at PREPARE (folded, or given by a shape rule: a widened fp16 weight) kept by the
+    weight cache: views of its file, so that they take no anonymous memory."""
+    kept = []
+    for k, info in enumerate(out_infos):
+        value = info.value
+        if (isinstance(value, np.ndarray) and value.nbytes >= CACHED_VALUE_MIN_BYTES and info.weight is None
+                and is_anonymous(value)):
+            name = f"value/{node.index}/{node_digest(node)}/{k}/{inputs_digest(in_infos)}"
+            info = TensorInfo(info.shape, info.dtype, packer.pack(name, value), info.alias_of)
+        kept.append(info)
+    return kept
 
 
 def _foldable(kernel, in_infos, out_infos):

@@ -79,7 +79,8 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, ke
             continue
         eps = bn.attrs.get("epsilon", 1e-5)
         b = weights[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else None
-        name = "fold_batchnorm/" + "/".join(_identity(v) for v in (w, b, *(weights[p] for p in bn.inputs[1:5])))
+        name = (f"fold_batchnorm/eps={eps!r}/"
+                + "/".join(_identity(v) for v in (w, b, *(weights[p] for p in bn.inputs[1:5]))))
         new_w, new_b = keep(name, lambda: _folded(w, b, [weights[p] for p in bn.inputs[1:5]], eps))
         if len(users.get(conv.inputs[1], ())) == 1:
             copied(weights[conv.inputs[1]])

@@ -133,7 +133,7 @@ class WeightCache:
                 self.held += 1
                 return held
             value = make() if callable(make) else make
-            if self.off_reason is not None:
+            if self.off_reason is not None or (isinstance(value, (tuple, list)) and not value):
                 return value
             self.made += 1
             try:

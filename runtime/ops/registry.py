@@ -180,9 +180,9 @@ class Kernel:
         the plan counts its bytes as packed. `make` is that value (an array or a tuple of arrays)
         or a function that makes it; the packer `ready` was given may hold it already (a weight
         cache) and then returns its copy without calling `make`. Returns the value to keep."""
-        if self._packer is not None:
-            name = (f"{self.node.index}/{self.node.op_type}/{'-'.join(map(str, sorted(inputs)))}/"
-                    f"{_signature(self._packing_for)}")
+        if self._packer is not None and not (isinstance(make, tuple) and not make):  # () keeps nothing
+            name = (f"{self.node.index}/{node_digest(self.node)}/{'-'.join(map(str, sorted(inputs)))}/"
+                    f"{inputs_digest(self._packing_for)}")
             value = self._packer.pack(name, make)
         else:
             value = make() if callable(make) else make
@@ -209,7 +209,26 @@ class Kernel:
         raise NotImplementedError
 
 
-def _signature(inputs):
+def node_digest(node):
+    """A digest of a node's op and attributes (subgraphs named only by their being there): a
+    packed value's name includes it, with the node's index, so nodes alike in place but not in
+    attributes (a body's node and the main graph's) never share a packed value."""
+    h = hashlib.sha256(f"{node.domain}.{node.op_type}".encode())
+    for name in sorted(node.attrs):
+        value = node.attrs[name]
+        if isinstance(value, np.ndarray):
+            text = f"{value.dtype.str}{value.shape}" + value.tobytes().hex()
+        elif isinstance(value, (int, float, str, bytes, bool, type(None))):
+            text = repr(value)
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str, bytes)) for v in value):
+            text = repr(list(value))
+        else:
+            text = type(value).__name__
+        h.update(f"{name}={text};".encode())
+    return h.hexdigest()[:16]
+
+
+def inputs_digest(inputs):
     """A digest of what a packed value is made from: each input's shape and dtype, and its
     identity when known (a file weight's id, else a digest of its bytes). A packed value's name
     includes it, so a value made from other inputs never takes its place."""

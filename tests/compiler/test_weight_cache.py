@@ -130,3 +130,15 @@ def test_four_processes_starting_on_an_empty_cache_leave_one_valid_file(tmp_path
         assert_close(got, want)
     assert len(os.listdir(directory)) == 1  # one file, no temporary left
     assert session(path, directory).report()["plan"]["weight_cache"]["state"] == "hit"
+
+
+def test_packed_values_of_nodes_that_differ_only_in_attributes_have_different_names():
+    """A body's node and the main graph's may share an index and their inputs: the attributes
+    are part of a packed value's name, so one never takes the other's place."""
+    from nnrun import ir
+    from nnrun.ops.registry import node_digest
+
+    a = ir.Node("n", "Gemm", "", ["x", "w", "c"], ["y"], {"beta": 0.5}, 3)
+    b = ir.Node("n", "Gemm", "", ["x", "w", "c"], ["y"], {"beta": 0.25}, 3)
+    assert node_digest(a) != node_digest(b)
+    assert node_digest(a) == node_digest(ir.Node("other", "Gemm", "", ["p", "q", "r"], ["s"], {"beta": 0.5}, 3))
