@@ -21,9 +21,12 @@ as `create`) and takes the split from `InferenceSession.report()`, whose RSS and
 the same process and so compare with the worker's baseline.
 """
 
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -100,6 +103,10 @@ def _nnrun(rec, job, feeds):
 
     options = nnrun.SessionOptions()
     options.intra_op_num_threads = job["threads"]
+    # A weight cache of this process's own, empty: every repeat measures a first start (the
+    # cache written, not read). `nnrun:weight_cache_dir=...` measures another case.
+    options.weight_cache_dir = tempfile.mkdtemp(prefix="nnrun-bench-cache-")
+    atexit.register(shutil.rmtree, options.weight_cache_dir, True)
     for name, value in job.get("nnrun_options", {}).items():
         if not hasattr(options, name):
             raise ValueError(f"nnrun SessionOptions has no switch {name!r}")
