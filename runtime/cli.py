@@ -73,7 +73,7 @@ def build_parser():
     p.add_argument("--memory-timeline", metavar="OUT.png",
                    help="draw live arena and resident weight bytes per step (needs matplotlib)")
     p.add_argument("--weight-cache", metavar="DIR",
-                   help="where packed weights are cached (default: $XDG_CACHE_HOME/nnrun/weights)")
+                   help="where packed weights are cached (default: $NNRUN_WEIGHT_CACHE, $XDG_CACHE_HOME/nnrun/weights)")
     p.add_argument("--no-weight-cache", action="store_true", help="keep packed weights in memory only")
     p.add_argument("--dump-intermediates", metavar="DIR",
                    help="after the timed runs, run once more and write every step's outputs as DIR/NAME.npy")

@@ -28,7 +28,9 @@ SAMPLE = 64  # bytes of each weight's start and end that the key hashes
 
 
 def default_directory():
-    """$XDG_CACHE_HOME/nnrun/weights, or ~/.cache/nnrun/weights."""
+    """$NNRUN_WEIGHT_CACHE, else $XDG_CACHE_HOME/nnrun/weights, else ~/.cache/nnrun/weights."""
+    if os.environ.get("NNRUN_WEIGHT_CACHE"):
+        return os.environ["NNRUN_WEIGHT_CACHE"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "nnrun", "weights")
 
