@@ -42,6 +42,19 @@ DTYPES = frozenset(np.dtype(t).str for t in (
     np.int64, np.uint64, np.bool_))
 
 
+class CacheMapping(mmap.mmap):
+    """A mapping of a cache file: what `in_cache_file` recognises a cached array by."""
+
+
+def in_cache_file(array):
+    """Whether `array` views the bytes of a cache file (a CacheFile's or a CacheWriter's mapping)."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    if isinstance(array, memoryview):
+        array = array.obj
+    return isinstance(array, CacheMapping)
+
+
 class CacheFileError(Exception):
     """The file is not a valid cache file for this key: rebuild it."""
 
@@ -98,7 +111,7 @@ class CacheWriter:
             view = np.empty(array.shape, array.dtype)
         else:
             self._file.flush()
-            region = mmap.mmap(self._file.fileno(), array.nbytes, access=mmap.ACCESS_READ, offset=start)
+            region = CacheMapping(self._file.fileno(), array.nbytes, access=mmap.ACCESS_READ, offset=start)
             view = np.frombuffer(region, dtype=array.dtype, count=array.size).reshape(array.shape)
         view.flags.writeable = False
         return view
@@ -169,7 +182,7 @@ class CacheFile:
             size = os.fstat(fd).st_size
             if size < HEADER.size:
                 raise CacheFileError(f"{self.path} is {size} bytes, shorter than its header")
-            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self._mmap = CacheMapping(fd, 0, access=mmap.ACCESS_READ)
         except OSError as e:
             raise CacheFileError(f"cannot map {self.path}: {e.strerror or e}") from None
         finally:

@@ -10,7 +10,7 @@ first step; a mapped weight's pages come in at the first step that reads it and 
 first run with no memory budget.
 """
 
-from .compiler.plan import MAPPED
+from .compiler.plan import CACHED, MAPPED
 
 
 def memory_timeline(plan):
@@ -18,7 +18,7 @@ def memory_timeline(plan):
     made = {}  # weight name -> bytes, for weights resident from the start
     for step in plan.steps:
         for w in step.weights:
-            if w.where != MAPPED:
+            if w.where not in (MAPPED, CACHED):  # file pages are resident once first read
                 made[w.name] = w.nbytes
     resident = sum(made.values())
     touched = set(made)

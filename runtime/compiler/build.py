@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from .. import ops
+from ..cache_file import in_cache_file
 from ..errors import ModelError, UnsupportedOperatorError, located
 from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
@@ -24,8 +25,8 @@ from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import memory_aware, topological
 from .passes import PassRunner
-from .plan import (ALIAS, ARENA, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer, ArenaSlot,
-                   Plan, PlannedStep, ValueSlot, WeightRead)
+from .plan import (ALIAS, ARENA, CACHED, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer,
+                   ArenaSlot, Plan, PlannedStep, ValueSlot, WeightRead)
 from .release import EagerRelease, mapped_weights, release_unused
 from .rewrite import capture_outer_values, fold_batchnorm, fuse_activations
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
@@ -457,9 +458,11 @@ def _weight_read(name, k, kernel, infos, kept):
     info = infos[name]
     weight_id = info.weight.id if info.weight is not None else -1
     if k in kernel.packed:
-        where = PACKED
+        where = CACHED if kernel.packed_cached_bytes and not kernel.packed_bytes else PACKED
     elif weight_id in kept:
         where = MAPPED
+    elif in_cache_file(info.value):
+        where = CACHED  # made at PREPARE (a folded filter, a folded value) and kept in the cache file
     else:
         where = MEMORY
     return WeightRead(name, info.nbytes, where, weight_id)

@@ -25,6 +25,8 @@ ARENA, FEED, CONSTANT, FRESH, ALIAS, EAGER = "arena", "feed", "constant", "fresh
 # Where a weight's bytes are: the model file's pages, or memory PREPARE made (a kernel's
 # packed layout, a folded value, an aligned copy, a small value the loader decoded).
 MAPPED, PACKED, MEMORY = "mapped", "packed", "memory"
+# ...or a weight cache file's pages (what PREPARE made, mapped read-only: paged in and out like MAPPED).
+CACHED = "cached"
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class ValueSlot:
 class WeightRead:
     name: str  # the value's name in the graph (a packed weight: the name of its source)
     nbytes: int
-    where: str  # MAPPED, PACKED or MEMORY
+    where: str  # MAPPED, PACKED, CACHED or MEMORY
     id: int = -1  # the loader's id of the weight in the file it comes from; -1: none (made at PREPARE)
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelError
-from ..weights import is_anonymous
+from ..cache_file import in_cache_file
 
 REQUIRED = object()
 
@@ -111,7 +111,8 @@ class Kernel:
     foldable = True  # may run at PREPARE when every input is known
     uses_planner = False  # made with the planner of its bodies (control flow: see control.py)
     packed = frozenset()  # inputs the kernel holds in a layout of its own (see pack)
-    packed_bytes = 0  # the bytes of what it made of them that live in memory (not a cache file's)
+    packed_bytes = 0  # the bytes of what it made of them that live in memory...
+    packed_cached_bytes = 0  # ...and in a weight cache file
     _sealed = None  # None: open; "infer" while its shape rule runs; "frozen" once prepared
     _packer = None  # while prepare runs: what keeps packed values (see ready and pack)
     _packing_for = ()  # while prepare runs: its inputs
@@ -188,7 +189,9 @@ class Kernel:
             value = make() if callable(make) else make
         arrays = value if isinstance(value, (tuple, list)) else (value,)
         self.packed = self.packed | frozenset(inputs)
-        self.packed_bytes += sum(a.nbytes for a in arrays if isinstance(a, np.ndarray) and is_anonymous(a))
+        made = [a for a in arrays if isinstance(a, np.ndarray)]
+        self.packed_bytes += sum(a.nbytes for a in made if not in_cache_file(a))
+        self.packed_cached_bytes += sum(a.nbytes for a in made if in_cache_file(a))
         return value
 
     def fail(self, message):

@@ -7,7 +7,7 @@ import numpy as np
 from oracle import assert_close, check_model, helper, make_model, rng, run_onnxruntime
 
 import nnrun
-from nnrun.compiler.plan import MAPPED, MEMORY
+from nnrun.compiler.plan import CACHED, MAPPED
 from nnrun.compiler.release import mapped_weights
 from nnrun.loader import load_model
 
@@ -62,7 +62,8 @@ def test_a_weight_folded_into_another_is_released_and_the_answer_holds(tmp_path)
     sess = nnrun.InferenceSession(saved(tmp_path, model))
     plan = sess.plan()
     assert plan.mapped_weights == ()  # every weight went into the folded Conv
-    assert {w.where for s in plan.steps for w in s.weights} == {MEMORY}
+    # made at PREPARE: in the weight cache file, on by default for a model read from a file
+    assert {w.where for s in plan.steps for w in s.weights} == {CACHED}
     assert sess.report()["plan"]["weights_released_bytes"] >= w.nbytes - 2 * 4096
     check_model(model, {"x": rng(3).standard_normal((1, 32, 8, 8)).astype(np.float32)})
 

@@ -142,3 +142,22 @@ def test_packed_values_of_nodes_that_differ_only_in_attributes_have_different_na
     b = ir.Node("n", "Gemm", "", ["x", "w", "c"], ["y"], {"beta": 0.25}, 3)
     assert node_digest(a) != node_digest(b)
     assert node_digest(a) == node_digest(ir.Node("other", "Gemm", "", ["p", "q", "r"], ["s"], {"beta": 0.5}, 3))
+
+
+def test_the_plan_says_which_weights_a_step_reads_from_the_cache(tmp_path):
+    from nnrun.compiler.plan import CACHED, MEMORY, PACKED
+
+    model = packing_model()
+    path, directory = saved(tmp_path, model), tmp_path / "cache"
+
+    def where(sess):
+        return {(step.op_type, w.name.split("/")[-1]): w.where for step in sess.plan().steps for w in step.weights}
+
+    off = nnrun.SessionOptions()
+    off.weight_cache_dir = None
+    plain = where(nnrun.InferenceSession(path, sess_options=off))
+    assert plain[("Gemm", "c")] == PACKED and plain[("Conv", "bn_folded_weight")] == MEMORY
+    session(path, directory)
+    warm = where(session(path, directory))
+    assert warm[("Gemm", "c")] == CACHED and warm[("Conv", "bn_folded_weight")] == CACHED
+    assert warm[("Gemm", "fc")] == plain[("Gemm", "fc")]  # a weight read as the file has it: unchanged
