@@ -28,6 +28,7 @@ import os
 import struct
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -233,6 +234,19 @@ class CacheFile:
 
     def names(self):
         return list(self._entries)
+
+    def verify(self, workers=None):
+        """Check every array's checksum now, on `workers` threads (zlib releases the GIL): a file
+        of 100 MB takes about 50 ms on one core. Raises CacheFileError at the first mismatch."""
+        todo = [name for name in self._entries if name not in self._checked]
+        workers = workers or min(len(todo), os.cpu_count() or 1)
+        if workers <= 1:
+            for name in todo:
+                self.array(name)
+            return
+        with ThreadPoolExecutor(workers) as pool:
+            for _ in pool.map(self.array, todo):
+                pass
 
     def __contains__(self, name):
         return name in self._entries

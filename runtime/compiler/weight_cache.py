@@ -122,14 +122,21 @@ class WeightCache:
         self._writer = None
         self._file = None
         self._file_groups = None
+        self._opened = False  # the file is opened at the first value asked for: at PREPARE
+
+    def _open(self):
+        self._opened = True
         try:
-            self._file = CacheFile(self.path, key)
+            self._file = CacheFile(self.path, self.key)
+            self._file.verify()  # every checksum at once, on every core, before any value is used
         except CacheFileError:
-            pass  # missing, stale or damaged: what is asked for is made and written anew
+            self._file = None  # missing, stale or damaged: what is asked for is made and written anew
 
     def pack(self, name, make):
         """The value `name` (an array or a tuple of arrays): the file's copy, or `make`'s, kept."""
         with self._lock:
+            if not self._opened:
+                self._open()
             held = self._held(name)
             if held is not None:
                 self.held += 1
