@@ -19,6 +19,19 @@ header, the index and every extent before it makes a view, and an array's crc32
 when it first hands it out: a stale, truncated or corrupt file raises
 `CacheFileError`, and the caller rebuilds it. Nothing here trusts a size or an
 offset the file states before checking it against the file's length.
+
+Checking every crc32 costs a read of the whole file (about 50 ms per 100 MB on
+one core), which would be most of a warm start. So once a file has passed, a
+stamp beside it (`<file>.verified`) records its identity: device, inode, size,
+mtime and ctime, in nanoseconds. A later reader whose file has the same identity
+skips the checksums. Any write to the file changes its ctime, which no one can
+set back (utime sets it to now), so a file written after its stamp fails the
+match, with one exception: a write within the same tick of the filesystem's
+clock (a few ms) as the stamped ctime. As git does with a "racily clean" index,
+no stamp is written for a file whose ctime is less than `SETTLED_S` old: such a
+file is checked in full until it has settled. What a stamp cannot see is a change
+below the filesystem (a disk flipping bits); the header and the index are still
+checked on every open.
 """
 
 import hashlib
@@ -27,6 +40,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,6 +52,8 @@ HEADER = struct.Struct("<8sII32sQQ")  # magic, version, index crc32, key digest,
 ALIGNMENT = 64
 PAGE = 4096
 LARGE = 64 << 10  # arrays this large start on a page
+STAMP_SUFFIX = ".verified"
+SETTLED_S = 2.0  # a file changed more recently than this is not stamped (see above)
 DTYPES = frozenset(np.dtype(t).str for t in (
     np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
     np.int64, np.uint64, np.bool_))
@@ -72,10 +88,11 @@ def _aligned(offset, nbytes):
 class CacheWriter:
     """Writes arrays into a temporary file beside `path`; `commit` publishes it atomically."""
 
-    def __init__(self, path, key, label=""):
+    def __init__(self, path, key, label="", origin=None):
         self.path = os.fspath(path)
         self.key = key
         self.label = label  # what the file is for, shown to people (a model's path); not checked
+        self.origin = origin or {}  # the model file's identity when written (its size, mtime); not checked
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -122,7 +139,7 @@ class CacheWriter:
 
     def commit(self):
         """Write the index and the header, fsync, and rename into place; returns the path."""
-        index = json.dumps({"key": self.key, "label": self.label, "entries": self._entries},
+        index = json.dumps({"key": self.key, "label": self.label, "origin": self.origin, "entries": self._entries},
                            separators=(",", ":")).encode()
         index_offset = _aligned(self._offset, 0)
         self._file.write(b"\0" * (index_offset - self._offset))
@@ -180,7 +197,8 @@ class CacheFile:
         except OSError as e:
             raise CacheFileError(f"cannot open {self.path}: {e.strerror or e}") from None
         try:
-            size = os.fstat(fd).st_size
+            stat = os.fstat(fd)
+            size = stat.st_size
             if size < HEADER.size:
                 raise CacheFileError(f"{self.path} is {size} bytes, shorter than its header")
             self._mmap = CacheMapping(fd, 0, access=mmap.ACCESS_READ)
@@ -189,6 +207,7 @@ class CacheFile:
         finally:
             os.close(fd)
         self.size = size
+        self._identity = [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
         self._buffer = memoryview(self._mmap)
         self._entries = self._read_index(key)
         self._checked = set()
@@ -213,6 +232,7 @@ class CacheFile:
             if key is not None and table["key"] != key:
                 raise CacheFileError(f"{self.path} was written for another key")
             self.key, self.label = str(table["key"]), str(table.get("label", ""))
+            self.origin = table.get("origin") if isinstance(table.get("origin"), dict) else {}
             entries = {}
             for e in table["entries"]:
                 entry = (int(e["offset"]), int(e["nbytes"]), str(e["dtype"]), tuple(int(d) for d in e["shape"]),
@@ -236,16 +256,43 @@ class CacheFile:
         return list(self._entries)
 
     def verify(self, workers=None):
-        """Check every array's checksum now, on `workers` threads (zlib releases the GIL): a file
-        of 100 MB takes about 50 ms on one core. Raises CacheFileError at the first mismatch."""
+        """Check every array's checksum now, on `workers` threads (zlib releases the GIL), unless
+        the file's stamp says it passed as it is (see the module's docstring). Raises
+        CacheFileError at the first mismatch; stamps the file when it passed and has settled."""
+        if self._stamp() == self._identity:
+            with self._lock:
+                self._checked.update(self._entries)
+            return
         todo = [name for name in self._entries if name not in self._checked]
         workers = workers or min(len(todo), os.cpu_count() or 1)
         if workers <= 1:
             for name in todo:
                 self.array(name)
-            return
-        with ThreadPoolExecutor(workers) as pool:
-            for _ in pool.map(self.array, todo):
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                for _ in pool.map(self.array, todo):
+                    pass
+        if time.time_ns() - self._identity[4] >= SETTLED_S * 1e9:
+            self._write_stamp()
+
+    def _stamp(self):
+        try:
+            with open(self.path + STAMP_SUFFIX) as f:
+                return json.load(f).get("identity")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def _write_stamp(self):
+        """Atomically, and silently not at all in a directory that cannot be written."""
+        tmp = f"{self.path}{STAMP_SUFFIX}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"identity": self._identity}, f)
+            os.replace(tmp, self.path + STAMP_SUFFIX)
+        except OSError:
+            try:
+                os.remove(tmp)
+            except OSError:
                 pass
 
     def __contains__(self, name):

@@ -84,6 +84,7 @@ def build_parser():
 
 def cache_command(argv):
     """`nnrun cache [list|clear] [--dir DIR]`: the weight cache's files, their sizes, ages and models."""
+    from .cache_file import STAMP_SUFFIX
     from .compiler.weight_cache import default_directory, list_directory
 
     p = argparse.ArgumentParser(prog="nnrun cache", description=cache_command.__doc__)
@@ -97,6 +98,8 @@ def cache_command(argv):
             try:
                 os.remove(path)
                 freed += size
+                if os.path.exists(path + STAMP_SUFFIX):
+                    os.remove(path + STAMP_SUFFIX)
             except OSError as e:
                 print(f"nnrun cache: cannot remove {path}: {e.strerror or e}", file=sys.stderr)
         print(f"removed {len(files)} cache files, {freed / 2**20:.1f} MiB, from {args.dir}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import ops
 from .compiler.build import CompileOptions
-from .compiler.weight_cache import WeightCache, cache_key
+from .compiler.weight_cache import WeightCache, cache_key, model_origin
 from .compiler.weight_cache import default_directory as default_cache_directory
 from .errors import InputError, NnrunError
 from .executor.profile import Profiler
@@ -140,7 +140,8 @@ class InferenceSession:
             compile_options = self._options.compile_options()
             self._weight_cache = WeightCache(self._options.weight_cache_dir,
                                              cache_key(self._graph, compile_options.disabled_passes),
-                                             label=os.path.abspath(self._model_path))
+                                             label=os.path.abspath(self._model_path),
+                                             origin=model_origin(self._model_path))
         # Every plan of this session, the main graph's and its control-flow bodies'.
         self._plans = PlanCache(self._options.compile_options(), self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once

@@ -124,3 +124,67 @@ def test_writers_racing_on_one_path_publish_one_valid_file(tmp_path):
     cache = CacheFile(path, KEY)
     np.testing.assert_array_equal(cache.array("w"), np.full((256, 256), 1.5, np.float32))
     assert os.listdir(tmp_path) == ["w.cache"]  # no temporary file left behind
+
+
+class CountingCrc:
+    """zlib as cache_file uses it, counting the checksums it computes."""
+
+    def __init__(self):
+        import zlib
+        self.calls, self._crc32 = 0, zlib.crc32
+
+    def crc32(self, data):
+        self.calls += 1
+        return self._crc32(data)
+
+
+def test_a_settled_file_that_passed_is_stamped_and_not_read_again(tmp_path, monkeypatch):
+    from nnrun import cache_file
+
+    path = write(tmp_path / "w.cache")
+    CacheFile(path, KEY).verify()
+    assert not os.path.exists(f"{path}.verified")  # just written: not settled, so not stamped
+    monkeypatch.setattr(cache_file, "SETTLED_S", 0.0)
+    CacheFile(path, KEY).verify()
+    assert os.path.exists(f"{path}.verified")
+    counting = CountingCrc()
+    monkeypatch.setattr(cache_file, "zlib", counting)
+    cache = CacheFile(path, KEY)
+    cache.verify()
+    assert counting.calls == 1  # the index's only: the stamp vouches for the arrays
+    for name, want in arrays().items():
+        np.testing.assert_array_equal(cache.array(name), want)
+    assert counting.calls == 1
+
+
+def test_a_stamp_does_not_vouch_for_a_file_put_in_its_place(tmp_path, monkeypatch):
+    from nnrun import cache_file
+
+    monkeypatch.setattr(cache_file, "SETTLED_S", 0.0)
+    path = write(tmp_path / "w.cache")
+    CacheFile(path, KEY).verify()
+    assert os.path.exists(f"{path}.verified")
+    write(path)  # another file (another inode) under the same name, then damaged
+    data = bytearray(path.read_bytes())
+    data[PAGE + 8] ^= 0x40  # inside conv1/w, the first array
+    with open(path, "r+b") as f:
+        f.write(data)
+    with pytest.raises(CacheFileError, match="checksum"):
+        CacheFile(path, KEY).verify()
+
+
+def test_a_stamp_that_cannot_be_written_is_left_out_silently(tmp_path, monkeypatch):
+    import errno
+
+    from nnrun import cache_file
+
+    monkeypatch.setattr(cache_file, "SETTLED_S", 0.0)
+    path = write(tmp_path / "w.cache")
+
+    def read_only(*args):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", read_only)
+        CacheFile(path, KEY).verify()  # passes, and says nothing
+    assert sorted(os.listdir(tmp_path)) == ["w.cache"]  # no stamp, no temporary file left

@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 
 from .. import __version__
-from ..cache_file import DTYPES, FORMAT_VERSION, CacheFile, CacheFileError, CacheWriter
+from ..cache_file import DTYPES, FORMAT_VERSION, STAMP_SUFFIX, CacheFile, CacheFileError, CacheWriter
 from .release import mapped_weights
 
 SAMPLE = 64  # bytes of each weight's start and end that the key hashes
@@ -98,6 +98,15 @@ def list_directory(directory):
     return found
 
 
+def model_origin(path):
+    """A model file's identity as the cache records it: {"size", "mtime_ns"}; {} when unknown."""
+    try:
+        stat = os.stat(path)
+    except (OSError, TypeError):
+        return {}
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def _mtime(path):
     if not path:
         return "-"
@@ -110,9 +119,11 @@ def _mtime(path):
 class WeightCache:
     """The packer of one model's plans: values by name, from the cache file or into it."""
 
-    def __init__(self, directory, key, label=""):
+    def __init__(self, directory, key, label="", origin=None):
         self.key = key
-        self.label = label
+        self.label = label  # the model's path
+        self.origin = origin or {}  # the model file's size and mtime: what tells a superseded file
+        self.directory = directory
         self.path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:32] + ".nnw")
         self.made = 0  # values packed and written this session
         self.held = 0  # values the file already held
@@ -189,7 +200,7 @@ class WeightCache:
         if not isinstance(array, np.ndarray) or array.dtype.str not in DTYPES:
             return array
         if self._writer is None:
-            self._writer = CacheWriter(self.path, self.key, self.label)
+            self._writer = CacheWriter(self.path, self.key, self.label, self.origin)
         if name in self._writer:
             return array
         view = self._writer.add_mapped(name, array)
@@ -212,6 +223,28 @@ class WeightCache:
             except (OSError, ValueError, CacheFileError) as e:
                 writer.abort()
                 self._turn_off(e)
+                return
+            self._prune_superseded()
+
+    def _prune_superseded(self):
+        """Remove the files written for an earlier version of this model's file: same path, another
+        size or mtime. No session can ask for them again, and a model re-exported often would
+        otherwise leave one file per export. Files for other options of the same model stay."""
+        if not self.label or not self.origin:
+            return
+        for path, _, _, _ in list_directory(self.directory):
+            if os.path.abspath(path) == os.path.abspath(self.path):
+                continue
+            try:
+                other = CacheFile(path, None)
+            except CacheFileError:
+                continue
+            if other.label == self.label and other.origin and other.origin != self.origin:
+                for stale in (path, path + STAMP_SUFFIX):
+                    try:
+                        os.remove(stale)
+                    except OSError:
+                        pass
 
     @property
     def state(self):

@@ -161,3 +161,23 @@ def test_the_plan_says_which_weights_a_step_reads_from_the_cache(tmp_path):
     warm = where(session(path, directory))
     assert warm[("Gemm", "c")] == CACHED and warm[("Conv", "bn_folded_weight")] == CACHED
     assert warm[("Gemm", "fc")] == plain[("Gemm", "fc")]  # a weight read as the file has it: unchanged
+
+
+def test_a_new_version_of_a_model_file_removes_the_cache_of_the_old_one(tmp_path):
+    directory = tmp_path / "cache"
+    path = saved(tmp_path, packing_model(0))
+    old = session(path, directory).report()["plan"]["weight_cache"]["path"]
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = str(directory)
+    options.disabled_passes = ["fuse_activations"]  # the same file with other options: kept
+    other_options = nnrun.InferenceSession(path, sess_options=options).report()["plan"]["weight_cache"]["path"]
+    assert other_options != old
+
+    saved(tmp_path, packing_model(1))  # re-exported in place: another size or mtime
+    os.utime(path, ns=(os.stat(old).st_mtime_ns + 10**9,) * 2)  # whatever the clock's tick
+    new_sess = session(path, directory)
+    new = new_sess.report()["plan"]["weight_cache"]["path"]
+    assert new != old and os.path.exists(new)
+    assert not os.path.exists(old)
+    assert not os.path.exists(other_options)  # it too was for the old file
+    assert_close(new_sess.run(None, X)[0], run_onnxruntime(packing_model(1), X)[0])
