@@ -181,3 +181,26 @@ def test_tflite_runs_on_litert(tmp_path):
     nnrun = results[("add", "nnrun")]
     # nnrun reads TFLite in a later issue: until then its row is a failure cell, after it a checked one.
     assert nnrun["check"]["ok"] if nnrun["summary"] else "| FAILED: " in _row(table, "add", "nnrun")
+
+
+def test_warm_start_rows_and_processes_sharing_a_model(tmp_path, small_model):
+    results, table, data = _run(tmp_path, small_model, "--runtimes", "nnrun,onnxruntime", "--runs", "1",
+                                "--threads", "1", "--warm-start", "--share", "1,2")
+    first, warm = results[("bench_small", "nnrun")], results[("bench_small", "nnrun warm")]
+    assert first["nnrun_plan"]["weight_cache"]["state"] == "miss"
+    assert warm["nnrun_plan"]["weight_cache"]["state"] == "hit"  # the first's cache, read
+    assert first["check"]["ok"] and warm["check"]["ok"]
+    for rec in (first, warm):
+        run = rec["repeats"][0]
+        assert run["baseline"]["rss_anon_kb"] > 0 and run["end_rss_anon_kb"] > 0
+        assert rec["summary"]["anon_growth_mb"] is not None and rec["summary"]["create_ms"] > 0
+    assert _row(table.split("## Start-up")[1], "bench_small", "nnrun")
+    sharing = {(r["runtime"], r["n"]): r for r in data["sharing"]}
+    assert set(sharing) == {(rt, n) for rt in ("nnrun", "onnxruntime") for n in (1, 2)}
+    for (runtime, n), row in sharing.items():
+        assert "error" not in row, row
+        assert len(row["per_process_kb"]) == n and row["Pss_Anon"] > 0 and row["Pss_File"] > 0
+        assert 0 < row["baseline_anon_kb"] < row["Pss"]
+        one = sharing[(runtime, 1)]
+        assert row["Pss_File"] < n * one["Pss_File"] or n == 1  # libraries and weights are shared
+    assert "## Processes serving one model" in table

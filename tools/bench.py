@@ -63,10 +63,35 @@ class Model:
 
 @dataclass
 class Runtime:
-    """A runtime to measure; nnrun may carry SessionOptions switches (`nnrun:release_weights=False`)."""
+    """A runtime to measure; nnrun may carry SessionOptions switches (`nnrun:release_weights=False`).
+    A warm nnrun row starts on the weight cache its `base` row's repeat wrote."""
     label: str
     kind: str
     options: dict = field(default_factory=dict)
+    warm: bool = False
+    base: str = None
+
+
+def with_warm_rows(runtimes):
+    """After each nnrun runtime, its warm start: the same switches, on the cache the first wrote."""
+    out = []
+    for rt in runtimes:
+        out.append(rt)
+        if rt.kind == "nnrun":
+            out.append(Runtime(f"{rt.label} warm", rt.kind, dict(rt.options), warm=True, base=rt.label))
+    return out
+
+
+def wait_until_settled(directory):
+    """Sleep until the newest file of `directory` is older than the cache's settling time: a warm
+    start is a later process, not one racing the first's last write (see nnrun.cache_file)."""
+    from nnrun.cache_file import SETTLED_S
+
+    try:
+        newest = max((f.stat().st_ctime for f in Path(directory).iterdir()), default=0)
+    except OSError:
+        return
+    time.sleep(max(0.0, newest + SETTLED_S + 0.1 - time.time()))
 
 
 # -- models -----------------------------------------------------------------------------------------
@@ -262,6 +287,9 @@ def figures(result):
                           foreign_cpu_pct=phases["EXECUTE"].get("foreign_cpu_pct"))
     out["peak_hwm_growth_mb"] = _growth_mb(result["peak"]["hwm_kb"], base)
     out["peak_rss_growth_mb"] = _growth_mb(result["peak"]["rss_kb"], base)
+    anon = result["baseline"].get("rss_anon_kb")
+    out["anon_growth_mb"] = _growth_mb(result.get("end_rss_anon_kb"), anon) if anon is not None else None
+    out["create_ms"] = result["create"]["time_ms"] if "create" in result else None
     return out
 
 
@@ -282,8 +310,8 @@ def aggregate(per_repeat):
     out["EXECUTE"]["max_ms"] = max(f["EXECUTE"]["max_ms"] for f in per_repeat)
     # The quietest repeat: on a shared machine, the figure least disturbed by other work.
     out["EXECUTE"]["best_median_ms"] = min(f["EXECUTE"]["time_ms"] for f in per_repeat)
-    for key in ("peak_hwm_growth_mb", "peak_rss_growth_mb"):
-        out[key] = _median(f[key] for f in per_repeat)
+    for key in ("peak_hwm_growth_mb", "peak_rss_growth_mb", "anon_growth_mb", "create_ms"):
+        out[key] = _median(f.get(key) for f in per_repeat)
     return out
 
 
@@ -353,6 +381,23 @@ def not_run_reason(model, rt, args):
     return None
 
 
+def make_job(model, rt, rep, args, workdir, tag=""):
+    """The job file's content for one worker process."""
+    reference = rt.kind == "reference"
+    job = {"id": f"{_safe(model.name)}.{_safe(rt.label)}.{rep}{tag}", "runtime": rt.kind,
+           "model": str(model.path), "inputs_file": str(model.inputs_file),
+           "threads": args.threads,
+           "runs": args.reference_runs if reference else args.runs,
+           "warmup": 0 if reference else args.warmup,
+           "nnrun_options": rt.options, "poll_interval_ms": args.poll_ms}
+    if rt.kind == "nnrun" and args.warm_start:
+        # A first start writes the cache its warm partner then reads.
+        job["weight_cache_dir"] = str(workdir / f"cache.{_safe(model.name)}.{_safe(rt.base or rt.label)}.{rep}")
+    job["outputs_file"] = str(workdir / f"{job['id']}.outputs.npz")
+    job["result_file"] = str(workdir / f"{job['id']}.result.json")
+    return job
+
+
 def run_all(models, runtimes, args, workdir):
     rows = plan_rows(models, runtimes)
     records = []
@@ -369,15 +414,9 @@ def run_all(models, runtimes, args, workdir):
     for step, (i, rep) in enumerate(todo, 1):
         model, rt = rows[i]
         rec = records[i]
-        reference = rt.kind == "reference"
-        job = {"id": f"{_safe(model.name)}.{_safe(rt.label)}.{rep}", "runtime": rt.kind,
-               "model": str(model.path), "inputs_file": str(model.inputs_file),
-               "threads": args.threads,
-               "runs": args.reference_runs if reference else args.runs,
-               "warmup": 0 if reference else args.warmup,
-               "nnrun_options": rt.options, "poll_interval_ms": args.poll_ms}
-        job["outputs_file"] = str(workdir / f"{job['id']}.outputs.npz")
-        job["result_file"] = str(workdir / f"{job['id']}.result.json")
+        job = make_job(model, rt, rep, args, workdir)
+        if rt.warm:
+            wait_until_settled(job["weight_cache_dir"])
         print(f"[{step}/{len(todo)}] {model.name} {rt.label} repeat {rep + 1}/{args.repeat} ...",
               end="", file=sys.stderr, flush=True)
         result = run_worker(job, workdir, args.timeout, args.threads)
@@ -564,6 +603,45 @@ def markdown_table(records):
     return "\n".join(lines)
 
 
+START_NOTES = [
+    "First: a process on an empty weight cache, which packs and writes it. Warm: a later process on the "
+    "cache the first wrote (started once the file settled, so it checks every checksum once and stamps "
+    "the file; starts after it skip even that). Create: the whole `InferenceSession(...)` call, import "
+    "excluded; onnxruntime's is its session creation.",
+    "Anon growth: RssAnon (memory no file backs: the interpreter's heap, the arena, anonymous copies of "
+    "weights) at the end of the last run, less at the baseline (after the runtime and its op families "
+    "are imported). The issue's bound for nnrun is the arena + 8 MB.",
+]
+
+
+def start_table(records):
+    """nnrun's first and warm starts beside onnxruntime's session creation, and RssAnon growth."""
+    by_key = {(r["model"], r["runtime"]): r for r in records}
+    lines = []
+    mb = 2 ** 20
+    for warm in (r for r in records if r["kind"] == "nnrun" and r["runtime"].endswith(" warm") and r["summary"]):
+        first = by_key.get((warm["model"], warm["runtime"][:-len(" warm")]))
+        if not first or not first["summary"]:
+            continue
+        f, w = first["summary"], warm["summary"]
+        peer = by_key.get((warm["model"], "onnxruntime"))
+        p = peer["summary"] if peer and peer["summary"] else None
+        arena = (warm["nnrun_plan"] or {}).get("arena_bytes")
+        lines.append(" | ".join([
+            f"| {warm['model']}", first["runtime"], _fmt(f["PREPARE"]["time_ms"]), _fmt(w["PREPARE"]["time_ms"]),
+            _ratio(w["PREPARE"]["time_ms"], f["PREPARE"]["time_ms"]), _fmt(w.get("create_ms")),
+            _fmt(p["MODEL_LOAD"]["time_ms"]) if p else "—",
+            _ratio(w.get("create_ms"), p["MODEL_LOAD"]["time_ms"]) if p else "—",
+            _fmt(f.get("anon_growth_mb")), _fmt(w.get("anon_growth_mb")),
+            _fmt(p.get("anon_growth_mb")) if p else "—",
+            _fmt(arena / mb) if arena is not None else "—"]) + " |")
+    if not lines:
+        return ""
+    return "\n".join(["| model | runtime | PREPARE first ms | PREPARE warm ms | warm / first | create warm ms | "
+                      "onnxruntime create ms | create warm / onnxruntime | anon growth first MB | "
+                      "anon growth warm MB | onnxruntime anon growth MB | arena MB |", "|" + " --- |" * 12] + lines)
+
+
 def plan_table(records):
     rows = [r for r in records if r["nnrun_plan"]]
     if not rows:
@@ -636,13 +714,20 @@ def footnotes(args):
     ]
 
 
-def write_markdown(path, records, machine, args, command, charts_note):
+def write_markdown(path, records, machine, args, command, charts_note, sharing=None):
     text = ["# nnrun benchmark", "", "```", command, "```", "", *machine_lines(machine, args, records), "",
             markdown_table(records), ""]
     text += [f"{i}. {note}" for i, note in enumerate(footnotes(args), 1)] + [""]
     plans = plan_table(records)
     if plans:
         text += ["## nnrun plans", "", plans, ""]
+    starts = start_table(records)
+    if starts:
+        text += ["## Start-up and anonymous memory", "", starts, "", *START_NOTES, ""]
+    if sharing:
+        from .bench_share import SHARE_NOTES, share_table
+
+        text += ["## Processes serving one model", "", share_table(sharing), "", *SHARE_NOTES, ""]
     if charts_note:
         text += [charts_note, ""]
     Path(path).write_text("\n".join(text))
@@ -764,6 +849,11 @@ def build_parser():
     p.add_argument("--keep-work", action="store_true",
                    help="keep inputs, outputs and worker results in OUT/work")
     p.add_argument("--no-charts", action="store_true", help="do not draw PNG charts")
+    p.add_argument("--warm-start", action="store_true",
+                   help="after each nnrun repeat (a first start, which writes the weight cache), a second "
+                        "process on the same cache: rows 'nnrun warm', and a table of start-up and memory")
+    p.add_argument("--share", metavar="N,N,...",
+                   help="also measure N processes serving each model at once (e.g. 1,2,4): their total PSS")
     return p
 
 
@@ -778,6 +868,8 @@ def main(argv=None):
     dims = _pairs(args.dim, "--dim", int)
     int_ranges = _pairs(args.int_range, "--int-range", _int_range)
     runtimes = parse_runtimes(args.runtimes)
+    if args.warm_start:
+        runtimes = with_warm_rows(runtimes)
     models = [resolve_model(s) for s in dict.fromkeys(specs)]
     seen = {}
     for model in models:  # two files called model.onnx get rows of their own
@@ -797,20 +889,27 @@ def main(argv=None):
             prepare_inputs(model, workdir, dims, int_ranges, args.seed)
         started = time.time()
         records = run_all(models, runtimes, args, workdir)
+        sharing = None
+        if args.share:
+            from .bench_share import measure_sharing
+
+            counts = sorted({int(n) for n in args.share.split(",") if n.strip()})
+            sharing = measure_sharing(models, [rt for rt in runtimes if not rt.warm], counts, args, workdir,
+                                      make_job)
     finally:
         if holder:
             holder.cleanup()
     machine = describe_machine()
     command = "nnrun-bench " + " ".join(argv)
     charts_note = None if args.no_charts else write_charts(args.out, records)
-    text = write_markdown(args.out / "results.md", records, machine, args, command, charts_note)
+    text = write_markdown(args.out / "results.md", records, machine, args, command, charts_note, sharing)
     for rec in records:
         for r in rec["repeats"]:
             r.pop("outputs_file", None)
     raw = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
            "wall_s": round(time.time() - started, 1), "machine": machine, "git": _git_state(),
            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-           "thread_env": list(THREAD_ENV), "results": records}
+           "thread_env": list(THREAD_ENV), "results": records, "sharing": sharing}
     (args.out / "results.json").write_text(json.dumps(raw, indent=1, default=str))
     print(text)
     print(f"nnrun-bench: wrote {args.out / 'results.md'} and {args.out / 'results.json'}", file=sys.stderr)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 RUNTIMES = ("nnrun", "onnxruntime", "reference", "litert")
 
@@ -78,6 +79,28 @@ class ForeignCpu:
         return (sum(fields) - idle - guest) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_anon_kb():
+    """Anonymous resident memory (RssAnon) in kB: what no file backs, so what the kernel can neither
+    drop nor share. None where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def hold(job):
+    """For a job measured while others run (PSS): say so, then wait until the parent releases it."""
+    Path(job["hold"]["ready"]).touch()
+    release = Path(job["hold"]["release"])
+    deadline = time.monotonic() + job["hold"].get("timeout_s", 600)
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def load_arrays(path):
     """The arrays of an .npz written by the parent or a worker, in order, with their names."""
     import numpy as np
@@ -103,10 +126,14 @@ def _nnrun(rec, job, feeds):
 
     options = nnrun.SessionOptions()
     options.intra_op_num_threads = job["threads"]
-    # A weight cache of this process's own, empty: every repeat measures a first start (the
-    # cache written, not read). `nnrun:weight_cache_dir=...` measures another case.
-    options.weight_cache_dir = tempfile.mkdtemp(prefix="nnrun-bench-cache-")
-    atexit.register(shutil.rmtree, options.weight_cache_dir, True)
+    if job.get("weight_cache_dir"):
+        # The parent's: empty for a first start, filled by one for a warm start.
+        options.weight_cache_dir = job["weight_cache_dir"]
+    else:
+        # A weight cache of this process's own, empty: every repeat measures a first start (the
+        # cache written, not read).
+        options.weight_cache_dir = tempfile.mkdtemp(prefix="nnrun-bench-cache-")
+        atexit.register(shutil.rmtree, options.weight_cache_dir, True)
     for name, value in job.get("nnrun_options", {}).items():
         if not hasattr(options, name):
             raise ValueError(f"nnrun SessionOptions has no switch {name!r}")
@@ -211,7 +238,7 @@ def measure(job):
 
     hwm_reset = _reset_hwm()
     rec = PhaseRecorder(poll=True, interval_s=job.get("poll_interval_ms", 2.0) / 1e3)
-    baseline = {"rss_kb": rec.baseline_kb, "hwm_kb": hwm_kb()}
+    baseline = {"rss_kb": rec.baseline_kb, "hwm_kb": hwm_kb(), "rss_anon_kb": rss_anon_kb()}
 
     output_names, run_once, nnrun_session = _START[runtime](rec, job, feeds)
     outputs = None
@@ -245,8 +272,11 @@ def measure(job):
     result["peak"] = {"rss_kb": max(p["rss_kb"] or 0 for p in phases.values()),
                       "hwm_kb": max([p["hwm_kb"] or 0 for p in phases.values()] + [hwm_kb()])}
     result["end_rss_kb"] = rss_kb()
+    result["end_rss_anon_kb"] = rss_anon_kb()
     save_arrays(job["outputs_file"], output_names, outputs)
     result["outputs"] = output_names
+    if job.get("hold"):
+        hold(job)  # the session still alive: the parent measures the process as it serves
     return result
 
 
