@@ -15,6 +15,7 @@ import numpy as np
 
 from . import ops
 from .compiler.build import CompileOptions
+from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
 from .compiler.weight_cache import default_directory as default_cache_directory
 from .errors import InputError, NnrunError
@@ -215,6 +216,7 @@ class InferenceSession:
                 started = time.perf_counter_ns()
                 with self._recorder.phase("PREPARE"):
                     found = self._plans.executor(self._graph, feeds)
+                    return_free_heap()
                 if self._profiler:
                     self._profiler.phase("PREPARE", started, time.perf_counter_ns(),
                                          passes_ms=found.plan.stats.get("passes_ms", {}))
