@@ -27,7 +27,8 @@ class PlanCache:
         ops.load_all()
         self.options = options
         self.packer = packer  # keeps what kernels pack: a WeightCache, or None (memory)
-        self.body_options = CompileOptions(options.disabled_passes | {"release_weights"})
+        self.body_options = CompileOptions(options.disabled_passes | {"release_weights"},
+                                           options.order_search_seconds)
         self._executors = {}
         self._graphs = {}  # id -> graph: keeps each keyed graph alive, so its id is never reused
         self._lock = threading.RLock()

@@ -43,6 +43,9 @@ class SessionOptions:
         self.fold_batchnorm = True
         self.fuse_activations = True
         self.memory_aware_order = True
+        # PREPARE's time budget for the memory-optimal order (per plan); the best order found
+        # within it is kept, and the plan says whether it is proven optimal.
+        self.order_search_seconds = 1.0
         self.release_weights = True  # madvise away the mapped pages of packed weights
         # Compiler passes to skip, by name (nnrun.compiler.passes.SWITCHABLE); the five
         # switches above are the same as naming their passes here.
@@ -58,8 +61,8 @@ class SessionOptions:
         self.weight_cache_dir = default_cache_directory()
 
     def compile_options(self):
-        return CompileOptions(self.disabled_passes, fold_constants=self.fold_constants,
-                              fold_batchnorm=self.fold_batchnorm, fuse_activations=self.fuse_activations,
+        return CompileOptions(self.disabled_passes, self.order_search_seconds,
+                              fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm, fuse_activations=self.fuse_activations,
                               memory_aware_order=self.memory_aware_order,
                               release_weights=self.release_weights)
 
@@ -287,6 +290,8 @@ class InferenceSession:
             "plan": {
                 "arena_bytes": plan.arena_bytes if plan else 0,
                 "lower_bound_bytes": plan.lower_bound_bytes if plan else 0,
+                "file_order_peak_bytes": stats.get("file_order_peak_bytes", 0),
+                "order_search": stats.get("order_search", {}),
                 "weights_mapped_bytes": stats.get("weights_mapped_bytes", 0),
                 "weights_packed_bytes": stats.get("weights_packed_bytes", 0) + (cache.cached_bytes if cache else 0),
                 "weights_released_bytes": stats.get("weights_released_bytes", 0),

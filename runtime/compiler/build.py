@@ -23,7 +23,8 @@ from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantia
 from ..weights import ExternalData, is_anonymous, weight_array
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
-from .order import memory_aware, topological
+from .order import topological
+from .order_search import best_order
 from .passes import PassRunner
 from .plan import (ALIAS, ARENA, CACHED, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer,
                    ArenaSlot, Plan, PlannedStep, ValueSlot, WeightRead)
@@ -40,15 +41,17 @@ FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this large...
 class CompileOptions:
     """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
 
-    def __init__(self, disabled_passes=(), **switches):
+    def __init__(self, disabled_passes=(), order_search_seconds=1.0, **switches):
         disabled = set(disabled_passes)
         for name, on in switches.items():
             if not on:
                 disabled.add(name)
         self.disabled_passes = frozenset(disabled)
+        self.order_search_seconds = order_search_seconds  # the memory-optimal order's time budget
 
     def __repr__(self):
-        return f"CompileOptions(disabled_passes={sorted(self.disabled_passes)})"
+        return (f"CompileOptions(disabled_passes={sorted(self.disabled_passes)}, "
+                f"order_search_seconds={self.order_search_seconds})")
 
 
 def default_opset(graph, domain):
@@ -88,8 +91,9 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     shaped = run("drop_dead", drop_dead, shaped, context)
     prepared = run("prepare_kernels", prepare_kernels, shaped, context)
     buffers = run("arena_buffers", arena_buffers, prepared, context)
-    order = run("memory_aware_order", memory_aware_order, buffers,
-                otherwise=lambda buffers: tuple(range(len(buffers.deps))))
+    search = run("memory_aware_order", memory_aware_order, buffers, options.order_search_seconds,
+                 otherwise=lambda buffers, seconds: memory_aware_order(buffers, None))
+    order = search.order
     spans = run("lifetimes", buffer_lifetimes, buffers, order)
     placement = run("assign_offsets", place, order, spans, buffers)
     plan = run("build_plan", build_plan, prepared, buffers, placement, context)
@@ -102,6 +106,8 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     stats["weights_packed_bytes"] = _packed_bytes(plan, nodes.weights, graph.initializers)
     stats["weights_released_bytes"] = sum(s.released_bytes for s in sources) - released_before
     stats["passes_ms"] = dict(run.ms)
+    stats["order_search"] = search.summary()
+    stats["file_order_peak_bytes"] = search.file_order_peak_bytes
     stats["prepare_ms"] = (time.perf_counter() - started) * 1e3
     return Plan(**{**plan.__dict__, "stats": stats})
 
@@ -316,10 +322,11 @@ def arena_buffers(prepared, context):
                    frozen_map(root), frozenset(fresh), frozenset(dynamic))
 
 
-def memory_aware_order(buffers):
+def memory_aware_order(buffers, seconds=1.0):
+    """The order of least peak that `seconds` of search proves (order_search.py); None: the file's."""
     scratch_bytes = [sum(buffers.sizes[s] for s in names) for names in buffers.scratch]
-    return tuple(memory_aware(list(buffers.deps), list(buffers.reads), list(buffers.writes), buffers.sizes,
-                              scratch_bytes, buffers.pinned))
+    return best_order(list(buffers.deps), list(buffers.reads), list(buffers.writes), buffers.sizes,
+                      scratch_bytes, buffers.pinned, seconds)
 
 
 def buffer_lifetimes(buffers, order):

@@ -1,11 +1,9 @@
-"""A memory-aware execution order.
+"""Orders of steps: the file's made topological, a greedy memory-aware one, and an order's peak.
 
-Among the valid topological orders, prefer one with a low peak of live
-intermediates (shared/seeds: nntrainer #1126, the ResNet bottleneck where
-running the downsample branch first lowers the peak from 300 to 225 units).
-Greedy list scheduling: at each point run the ready step whose outputs add the
-least memory net of the inputs it lets die; ties go to file order. The greedy
-order is kept only when its peak is lower than the file's topological order.
+The greedy is list scheduling (shared/seeds: nntrainer #1126, the ResNet bottleneck where
+running the downsample branch first lowers the peak from 300 to 225 units): at each point
+the ready step whose outputs add the least memory net of the inputs it lets die. The
+order PREPARE uses is order_search.best_order's, which starts from it.
 """
 
 from ..errors import ModelError
@@ -76,13 +74,13 @@ def peak_of(order, step_inputs, step_outputs, sizes, scratch=None, pinned=()):
     return peak
 
 
-def memory_aware(deps, step_inputs, step_outputs, sizes, scratch=None, pinned=()):
-    """A topological order of steps with a low peak of live arena bytes.
+def greedy_order(deps, step_inputs, step_outputs, sizes, scratch=None, pinned=()):
+    """A topological order of steps with a low peak of live arena bytes: at each point the ready
+    step whose outputs add the least net of the inputs it lets die (ties: file order).
 
-    deps[i]: the steps that must run before step i. step_inputs[i] /
-    step_outputs[i]: the arena buffers step i reads / writes. The steps are in a
-    valid topological order already. Returns a list of step indices.
-    """
+    deps[i]: the steps that must run before step i. step_inputs[i] / step_outputs[i]: the arena
+    buffers step i reads / writes. The steps are in a valid topological order already. The
+    starting point of the exact search (order_search.py), and its fallback."""
     n = len(step_inputs)
     readers = {}
     for i, ins in enumerate(step_inputs):
@@ -112,8 +110,4 @@ def memory_aware(deps, step_inputs, step_outputs, sizes, scratch=None, pinned=()
             waiting[u] -= 1
             if waiting[u] == 0:
                 ready.add(u)
-    file_order = list(range(n))
-    if peak_of(order, step_inputs, step_outputs, sizes, scratch, pinned) < \
-            peak_of(file_order, step_inputs, step_outputs, sizes, scratch, pinned):
-        return order
-    return file_order
+    return order

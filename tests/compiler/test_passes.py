@@ -157,7 +157,7 @@ def test_the_arena_passes_reach_the_lower_bound_on_a_chain():
     result, ctx = shaped(g, {"v0": ((64, 64), F32)})
     prepared = build.prepare_kernels(result, ctx)
     buffers = build.arena_buffers(prepared, ctx)
-    order = build.memory_aware_order(buffers)
+    order = build.memory_aware_order(buffers).order
     spans = build.buffer_lifetimes(buffers, order)
     placement = build.place(order, spans, buffers)
     assert placement.arena_bytes == 2 * 64 * 64 * 4  # two intermediates at a time

@@ -5,7 +5,8 @@ import random
 
 from nnrun.compiler.arena import ALIGNMENT, assign_offsets
 from nnrun.compiler.lifetimes import lifetimes, lower_bound
-from nnrun.compiler.order import memory_aware, peak_of, topological
+from nnrun.compiler.order import peak_of, topological
+from nnrun.compiler.order_search import best_order
 
 
 def test_lifetimes_span_producer_to_last_reader():
@@ -58,8 +59,10 @@ def test_memory_aware_order_finds_the_bottleneck_order():
     sizes = {"T1": 100, "T2": 100, "T3": 25, "T4": 100, "T5": 100, "T6": 0}
     deps = [set(), {0}, {1}, {2}, {0}, {3, 4}]
     file_peak = peak_of(list(range(6)), reads, writes, sizes)
-    order = memory_aware(deps, reads, writes, sizes)
-    assert file_peak == 300
+    search = best_order(deps, reads, writes, sizes)
+    order = search.order
+    assert file_peak == 300 == search.file_order_peak_bytes
+    assert search.proven and search.peak_bytes == search.lower_bound_bytes == 225
     assert peak_of(order, reads, writes, sizes) == 225
     position = {s: i for i, s in enumerate(order)}
     assert all(position[d] < position[s] for s, ds in enumerate(deps) for d in ds)
