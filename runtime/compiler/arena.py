@@ -7,9 +7,22 @@ several are tried and the smallest arena kept: largest first, earliest first,
 longest-lived first, largest in bytes x steps first, latest-ending first, and
 "greedy by breadth" (TFLite's second strategy: the buffers of the step with the
 most live bytes first). All are cheap.
+
+When the best of them is above the lower bound (the most bytes live at one step),
+a local search follows: two buffers of the best placement order swap places, and
+the new order is kept when its arena is no larger. It stops at the bound, after
+`tries` orders, after STALE orders without a smaller arena, or at the deadline;
+its random choices are seeded, so a plan is the same from run to run (unless the
+deadline cuts the search short).
 """
 
+import random
+import time
+
+from .lifetimes import lower_bound
+
 ALIGNMENT = 64
+STALE = 300  # the local search gives up after this many orders without a smaller arena
 
 
 def align(n, alignment=ALIGNMENT):
@@ -54,7 +67,7 @@ def _by_breadth(spans, sizes):
     return order
 
 
-def assign_offsets(spans, sizes):
+def assign_offsets(spans, sizes, tries=2000, seconds=0.25):
     """Offsets (64-byte aligned) for every buffer, and the arena size they need."""
     orders = [
         sorted(spans, key=lambda b: (-sizes[b], spans[b][0])),
@@ -68,5 +81,26 @@ def assign_offsets(spans, sizes):
     for order in orders:
         offsets, top = _place(order, spans, sizes)
         if best is None or top < best[1]:
-            best = (offsets, top)
-    return best
+            best = (offsets, top, order)
+    offsets, top, order = best
+    bound = lower_bound(spans, {b: align(sizes[b]) for b in spans})
+    if top > bound and len(order) > 1:
+        offsets, top = _local_search(order, spans, sizes, bound, offsets, top, tries,
+                                     time.perf_counter() + seconds)
+    return offsets, top
+
+
+def _local_search(order, spans, sizes, bound, offsets, top, tries, deadline):
+    rng = random.Random(len(order))
+    since_better = 0
+    for attempt in range(tries):
+        if top <= bound or since_better >= STALE or (not attempt & 15 and time.perf_counter() > deadline):
+            break
+        candidate = list(order)
+        i, j = rng.randrange(len(order)), rng.randrange(len(order))
+        candidate[i], candidate[j] = candidate[j], candidate[i]
+        placed, arena = _place(candidate, spans, sizes)
+        since_better = 0 if arena < top else since_better + 1
+        if arena <= top:  # an equal arena is a step along a plateau, towards a smaller one
+            order, offsets, top = candidate, placed, arena
+    return offsets, top

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from .order import greedy_order, peak_of
 
 BEAM = 64  # states per level of the narrow search that finds an incumbent before the exact one
+EXACT_SHARE = 0.75  # of a segment's time left, what the exact search may take before wider narrow ones
 
 
 @dataclass(frozen=True)
@@ -116,17 +117,41 @@ class _Graph:
             for b in set(ins):
                 self.readers[b] = self.readers.get(b, 0) | (1 << i)
 
-    def segments(self):
-        """The steps between consecutive cut steps, each cut alone, in an order every valid order keeps."""
         n = self.n
-        ancestors = [0] * n
+        self.ancestors = ancestors = [0] * n
         for i in range(n):  # indices are topological
             for j in self.deps[i]:
                 ancestors[i] |= ancestors[j] | (1 << j)
-        descendants = [0] * n
+        self.descendants = descendants = [0] * n
         for i in reversed(range(n)):
             for j in self.deps[i]:
                 descendants[j] |= descendants[i] | (1 << i)
+        self.necessary = self._necessary()
+
+    def _necessary(self):
+        """Per step, the bytes live while it runs in every valid order: its outputs and scratch, and
+        each buffer written by one of its ancestors and read by it or one of its descendants (or
+        pinned). The largest is a lower bound on any order's peak, and the bound of a search state
+        is the largest among the steps still to run."""
+        necessary = [self.scratch[k] + sum(self.sizes.get(b, 0) for b in self.writes[k]) for k in range(self.n)]
+        for b, p in self.producer.items():
+            size = self.sizes.get(b, 0)
+            if not size:
+                continue
+            where = self.descendants[p]
+            if b not in self.pinned:
+                upstream = 0  # the readers and their ancestors
+                for r in _bits(self.readers.get(b, 0)):
+                    upstream |= self.ancestors[r] | (1 << r)
+                where &= upstream
+            for k in _bits(where):
+                necessary[k] += size
+        return necessary
+
+    def segments(self):
+        """The steps between consecutive cut steps, each cut alone, in an order every valid order keeps."""
+        n = self.n
+        ancestors, descendants = self.ancestors, self.descendants
         everyone = (1 << n) - 1
         cuts = sorted((i for i in range(n) if ancestors[i] | descendants[i] | (1 << i) == everyone),
                       key=lambda i: bin(ancestors[i]).count("1"))
@@ -149,13 +174,9 @@ class _Graph:
         after = ((1 << self.n) - 1) & ~(done | mask)
         sizes = self.sizes
         live = 0  # bytes written before the segment, still to be read (or pinned)
-        fixed = set()  # of those, the ones read after the segment too: live all through it
         for b, p in self.producer.items():
             if done >> p & 1 and (b in self.pinned or self.readers.get(b, 0) & ~done):
                 live += sizes.get(b, 0)
-                if b in self.pinned or self.readers.get(b, 0) & after:
-                    fixed.add(b)
-        fixed_bytes = sum(sizes.get(b, 0) for b in fixed)
         local = {step: k for k, step in enumerate(steps)}
         preds, spike, adds, frees, base = [], [], [], [], []
         for step in steps:
@@ -177,8 +198,7 @@ class _Graph:
                     inside |= 1 << local[j]
                 freeable.append((inside, sizes.get(b, 0)))
             frees.append(tuple(freeable))
-            base.append(fixed_bytes + self.scratch[step] +
-                        sum(sizes.get(b, 0) for b in (set(self.reads[step]) | set(outs)) - fixed))
+            base.append(self.necessary[step])
         return _Segment(list(steps), mask, live, preds, spike, adds, frees, base)
 
 
@@ -225,8 +245,7 @@ class _Segment:
         return sum(size for inside, size in self.frees[k] if not inside & ~after)
 
     def _bound(self, state):
-        """The largest step still to run: all its inputs, outputs and scratch live at once, with
-        the bytes that cross the whole segment."""
+        """The largest of the bytes necessarily live (see _Graph._necessary) at a step still to run."""
         for k in self.by_base:
             if not state >> k & 1:
                 return self.base[k]
@@ -272,10 +291,21 @@ class _Segment:
                 incumbent, upper = order, peak
         if upper <= floor:
             return _Result([steps[k] for k in incumbent], upper, upper, True, states)
-        order, peak, bound, finished, more = self._levels(upper, floor, deadline)
+        now = time.perf_counter()
+        exact_until = now + (deadline - now) * EXACT_SHARE
+        order, peak, bound, finished, more = self._levels(upper, floor, exact_until)
         states += more
         if order is not None:
             incumbent, upper = order, peak
+        width = BEAM
+        while not finished and upper > bound and time.perf_counter() < deadline:
+            width *= 4  # the exact search ran out of time: wider narrow searches, for a better order
+            order, peak, _, complete, more = self._levels(upper, floor, deadline, width=width)
+            states += more
+            if order is not None and peak < upper:
+                incumbent, upper = order, peak
+            if not complete:
+                break
         return _Result([steps[k] for k in incumbent], upper, bound, finished, states)
 
     def _levels(self, upper, floor, deadline, width=None):
