@@ -642,18 +642,27 @@ def start_table(records):
                       "anon growth warm MB | onnxruntime anon growth MB | arena MB |", "|" + " --- |" * 12] + lines)
 
 
+def _order_cell(search):
+    """How the plan's order was found: `proven, 12 ms` or `gap 1.2 MB, 1000 ms`."""
+    if not search:
+        return "—"
+    how = "proven" if search.get("proven_optimal") else f"gap {search.get('gap_bytes', 0) / 2 ** 20:.2f} MB"
+    return f"{how}, {search.get('ms', 0):.0f} ms"
+
+
 def plan_table(records):
     rows = [r for r in records if r["nnrun_plan"]]
     if not rows:
         return ""
-    lines = ["| model | runtime | arena MB | lower bound MB | arena / bound | weights mapped MB | "
-             "packed MB | released MB | steps |", "|" + " --- |" * 9]
+    lines = ["| model | runtime | arena MB | lower bound MB | arena / bound | file order peak MB | order | "
+             "weights mapped MB | packed MB | released MB | steps |", "|" + " --- |" * 11]
     mb = 2 ** 20
     for rec in rows:
         p = rec["nnrun_plan"]
         bound = p.get("lower_bound_bytes") or 0
         lines.append(f"| {rec['model']} | {rec['runtime']} | {p['arena_bytes'] / mb:,.2f} | {bound / mb:,.2f} | "
                      f"{(p['arena_bytes'] / bound) if bound else float('nan'):.2f} | "
+                     f"{p.get('file_order_peak_bytes', 0) / mb:,.2f} | {_order_cell(p.get('order_search') or {})} | "
                      f"{p['weights_mapped_bytes'] / mb:,.1f} | {p['weights_packed_bytes'] / mb:,.1f} | "
                      f"{p['weights_released_bytes'] / mb:,.1f} | {p.get('steps', 0)} |")
     return "\n".join(lines)
