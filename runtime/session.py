@@ -62,7 +62,8 @@ class SessionOptions:
 
     def compile_options(self):
         return CompileOptions(self.disabled_passes, self.order_search_seconds,
-                              fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm, fuse_activations=self.fuse_activations,
+                              fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
+                              fuse_activations=self.fuse_activations,
                               memory_aware_order=self.memory_aware_order,
                               release_weights=self.release_weights)
 

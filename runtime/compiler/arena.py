@@ -22,7 +22,8 @@ import time
 from .lifetimes import lower_bound
 
 ALIGNMENT = 64
-STALE = 300  # the local search gives up after this many orders without a smaller arena
+STALE = 1000  # the local search gives up after this many orders without a smaller arena
+SEARCHED = 200  # buffers at most: one placement of more takes milliseconds, too slow to try hundreds
 
 
 def align(n, alignment=ALIGNMENT):
@@ -84,7 +85,7 @@ def assign_offsets(spans, sizes, tries=2000, seconds=0.25):
             best = (offsets, top, order)
     offsets, top, order = best
     bound = lower_bound(spans, {b: align(sizes[b]) for b in spans})
-    if top > bound and len(order) > 1:
+    if top > bound and 1 < len(order) <= SEARCHED:
         offsets, top = _local_search(order, spans, sizes, bound, offsets, top, tries,
                                      time.perf_counter() + seconds)
     return offsets, top
