@@ -23,21 +23,34 @@ from .lifetimes import lower_bound
 
 ALIGNMENT = 64
 STALE = 1000  # the local search gives up after this many orders without a smaller arena
-SEARCHED = 200  # buffers at most: one placement of more takes milliseconds, too slow to try hundreds
 
 
 def align(n, alignment=ALIGNMENT):
     return -(-n // alignment) * alignment
 
 
-def _place(order, spans, sizes):
-    placed = []  # (offset, end, first, last)
-    offsets = {}
+def _overlaps(spans):
+    """buffer -> the buffers whose lifetimes meet its own (a sweep over the spans by start)."""
+    by_start = sorted(spans, key=lambda b: spans[b][0])
+    found = {b: [] for b in spans}
+    for i, a in enumerate(by_start):
+        last = spans[a][1]
+        for b in by_start[i + 1:]:
+            if spans[b][0] > last:
+                break
+            found[a].append(b)
+            found[b].append(a)
+    return found
+
+
+def _place(order, spans, sizes, overlaps=None):
+    """Place buffers in `order`, each in the best-fitting gap among those placed that it meets in time."""
+    overlaps = overlaps if overlaps is not None else _overlaps(spans)
+    offsets, ends = {}, {}
     top = 0
     for buf in order:
         size = align(sizes[buf])
-        first, last = spans[buf]
-        busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+        busy = sorted((offsets[o], ends[o]) for o in overlaps[buf] if o in offsets)
         best, best_gap, cursor = None, None, 0
         for o, e in busy:
             gap = o - cursor
@@ -47,7 +60,7 @@ def _place(order, spans, sizes):
         if best is None:
             best = cursor
         offsets[buf] = best
-        placed.append((best, best + size, first, last))
+        ends[buf] = best + size
         top = max(top, best + size)
     return offsets, top
 
@@ -68,7 +81,7 @@ def _by_breadth(spans, sizes):
     return order
 
 
-def assign_offsets(spans, sizes, tries=2000, seconds=0.25):
+def assign_offsets(spans, sizes, tries=2000, seconds=0.15):
     """Offsets (64-byte aligned) for every buffer, and the arena size they need."""
     orders = [
         sorted(spans, key=lambda b: (-sizes[b], spans[b][0])),
@@ -78,20 +91,21 @@ def assign_offsets(spans, sizes, tries=2000, seconds=0.25):
         sorted(spans, key=lambda b: (-spans[b][1], -sizes[b])),
         _by_breadth(spans, sizes),
     ]
+    overlaps = _overlaps(spans)
     best = None
     for order in orders:
-        offsets, top = _place(order, spans, sizes)
+        offsets, top = _place(order, spans, sizes, overlaps)
         if best is None or top < best[1]:
             best = (offsets, top, order)
     offsets, top, order = best
     bound = lower_bound(spans, {b: align(sizes[b]) for b in spans})
-    if top > bound and 1 < len(order) <= SEARCHED:
-        offsets, top = _local_search(order, spans, sizes, bound, offsets, top, tries,
+    if top > bound and len(order) > 1:
+        offsets, top = _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries,
                                      time.perf_counter() + seconds)
     return offsets, top
 
 
-def _local_search(order, spans, sizes, bound, offsets, top, tries, deadline):
+def _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries, deadline):
     rng = random.Random(len(order))
     since_better = 0
     for attempt in range(tries):
@@ -100,7 +114,7 @@ def _local_search(order, spans, sizes, bound, offsets, top, tries, deadline):
         candidate = list(order)
         i, j = rng.randrange(len(order)), rng.randrange(len(order))
         candidate[i], candidate[j] = candidate[j], candidate[i]
-        placed, arena = _place(candidate, spans, sizes)
+        placed, arena = _place(candidate, spans, sizes, overlaps)
         since_better = 0 if arena < top else since_better + 1
         if arena <= top:  # an equal arena is a step along a plateau, towards a smaller one
             order, offsets, top = candidate, placed, arena

@@ -199,7 +199,38 @@ class _Graph:
                 freeable.append((inside, sizes.get(b, 0)))
             frees.append(tuple(freeable))
             base.append(self.necessary[step])
-        return _Segment(list(steps), mask, live, preds, spike, adds, frees, base)
+        floor = max(max(base), self._pairs_floor(steps, max(base)))
+        return _Segment(list(steps), mask, live, preds, spike, adds, frees, base, floor)
+
+    def _pairs_floor(self, steps, floor):
+        """A lower bound from pairs of steps that may run in either order: whichever runs second
+        holds, besides what it must hold anyway (`necessary`), the first one's outputs that it or
+        one of its descendants reads. The least of the two ways bounds every order's peak. Only
+        pairs that can raise `floor` are looked at."""
+        necessary = self.necessary
+        held = {}  # (first, second) -> bytes of first's outputs live while second runs
+
+        def extra(first, second):
+            key = (first, second)
+            if key not in held:
+                later = self.descendants[second] | (1 << second)
+                held[key] = sum(self.sizes.get(b, 0) for b in self.writes[first]
+                                if b in self.pinned or self.readers.get(b, 0) & later)
+            return held[key]
+
+        out = {k: sum(self.sizes.get(b, 0) for b in self.writes[k]) for k in steps}
+        largest = max(out.values(), default=0)
+        seconds = [k for k in steps if necessary[k] + largest > floor]
+        firsts = [k for k in steps if out[k] and out[k] + max(necessary[j] for j in steps) > floor]
+        for a in firsts:
+            related = self.ancestors[a] | self.descendants[a] | (1 << a)
+            for b in seconds:
+                if related >> b & 1 or necessary[b] + out[a] <= floor or necessary[a] + out[b] <= floor:
+                    continue
+                bound = min(necessary[b] + extra(a, b), necessary[a] + extra(b, a))
+                if bound > floor:
+                    floor = bound
+        return floor
 
 
 def _bits(mask):
@@ -233,8 +264,8 @@ class _Result:
 class _Segment:
     """One segment's problem on local step numbers 0..m-1 (bit k of a state: step k has run)."""
 
-    def __init__(self, steps, mask, live, preds, spike, adds, frees, base):
-        self.steps, self.mask, self.live = steps, mask, live
+    def __init__(self, steps, mask, live, preds, spike, adds, frees, base, floor):
+        self.steps, self.mask, self.live, self.floor = steps, mask, live, floor
         self.preds, self.spike, self.adds, self.frees, self.base = preds, spike, adds, frees, base
         self.m = len(steps)
         self.succs = [[j for j in range(self.m) if preds[j] >> k & 1] for k in range(self.m)]
@@ -281,7 +312,7 @@ class _Segment:
         if self.m == 1:
             peak = self.live + self.spike[0]
             return _Result(list(steps), peak, peak, True, 0)
-        floor = max(self.base)  # no order of this segment peaks lower
+        floor = self.floor  # no order of this segment peaks lower
         incumbent = self.greedy()
         upper = self.peak_of(incumbent)
         states = 0
