@@ -71,15 +71,21 @@ def test_the_order_is_optimal_against_brute_force(seed):
     assert search.peak_bytes <= min(search.file_order_peak_bytes, search.greedy_peak_bytes)
 
 
-def relabelled(problem, seed):
-    """The same graph with its steps in another valid order (what another file order gives)."""
-    deps, reads, writes, sizes, scratch, pinned = problem
+def random_valid_order(deps, seed):
+    """A seeded random topological order of steps whose predecessors are `deps`."""
     r = random.Random(seed)
     done, order = set(), []
     while len(order) < len(deps):
         i = r.choice([i for i in range(len(deps)) if i not in done and deps[i] <= done])
         done.add(i)
         order.append(i)
+    return order
+
+
+def relabelled(problem, seed):
+    """The same graph with its steps in another valid order (what another file order gives)."""
+    deps, reads, writes, sizes, scratch, pinned = problem
+    order = random_valid_order(deps, seed)
     new = {old: k for k, old in enumerate(order)}
     return ([{new[d] for d in deps[old]} for old in order], [reads[old] for old in order],
             [writes[old] for old in order], sizes, [scratch[old] for old in order], pinned)
@@ -206,13 +212,7 @@ def shuffled(model, seed):
     """The same graph, its nodes in another valid order."""
     nodes = list(model.graph.node)
     produced = {o: i for i, n in enumerate(nodes) for o in n.output}
-    deps = [{produced[x] for x in n.input if x in produced} for n in nodes]
-    r = random.Random(seed)
-    done, order = set(), []
-    while len(order) < len(nodes):
-        i = r.choice([i for i in range(len(nodes)) if i not in done and deps[i] <= done])
-        done.add(i)
-        order.append(i)
+    order = random_valid_order([{produced[x] for x in n.input if x in produced} for n in nodes], seed)
     other = onnx.ModelProto()
     other.CopyFrom(model)
     del other.graph.node[:]
