@@ -204,3 +204,28 @@ def test_warm_start_rows_and_processes_sharing_a_model(tmp_path, small_model):
         one = sharing[(runtime, 1)]
         assert row["Pss_File"] < n * one["Pss_File"] or n == 1  # libraries and weights are shared
     assert "## Processes serving one model" in table
+
+
+def test_memory_cap_rows_run_inside_a_cgroup(tmp_path, small_model):
+    from nnrun_tools.cgroup import available, parse_size
+
+    assert parse_size("128M") == 128 << 20 and parse_size("1.5G") == 3 << 29 and parse_size("4096") == 4096
+    argv = [small_model, "--runtimes", "nnrun,onnxruntime", "--runs", "2", "--threads", "1",
+            "--memory-cap", "1G,8M"]
+    why = available()
+    if why:  # a machine without a writable memory cgroup: the option says so and runs nothing
+        with pytest.raises(SystemExit, match="memory cgroup"):
+            _run(tmp_path, *argv)
+        return
+    results, table, _ = _run(tmp_path, *argv)
+    roomy, tight = results[("bench_small", "nnrun @1G")], results[("bench_small", "nnrun @8M")]
+    run = roomy["repeats"][0]
+    assert run["ok"] and roomy["check"]["ok"]
+    assert run["cgroup"]["limit_bytes"] == 1 << 30 and 0 < run["cgroup"]["peak_bytes"] <= 1 << 30
+    assert run["faults"]["major_per_run"] >= 0
+    # 8 MB cannot hold an interpreter with numpy: the kernel kills the worker, and the row says so.
+    assert not tight["repeats"][0]["ok"] and "out of memory in a 8M cgroup" in tight["repeats"][0]["error"]
+    assert tight["repeats"][0]["cgroup"]["oom_kills"] >= 1
+    section = table.split("## Under a memory limit")[1]
+    assert _row(section, "bench_small", "nnrun @1G") and "completed 1/1" in _row(section, "bench_small", "nnrun @1G")
+    assert "out of memory" in _row(section, "bench_small", "onnxruntime @8M")

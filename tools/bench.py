@@ -70,6 +70,22 @@ class Runtime:
     options: dict = field(default_factory=dict)
     warm: bool = False
     base: str = None
+    cap: int = None  # bytes: the worker runs inside a memory cgroup of this limit (--memory-cap)
+
+
+def with_capped_rows(runtimes, caps):
+    """After each runtime, the same runtime inside each memory cgroup limit of `caps` (bytes)."""
+    out = []
+    for rt in runtimes:
+        out.append(rt)
+        for cap in caps:
+            out.append(Runtime(f"{rt.label} @{_size_label(cap)}", rt.kind, dict(rt.options), base=rt.label,
+                               cap=cap))
+    return out
+
+
+def _size_label(nbytes):
+    return f"{nbytes / 2 ** 30:g}G" if nbytes >= 2 ** 30 else f"{nbytes / 2 ** 20:g}M"
 
 
 def with_warm_rows(runtimes):
@@ -233,18 +249,31 @@ def parse_runtimes(text):
     return runtimes
 
 
-def run_worker(job, workdir, timeout, threads):
-    """Run one job in a fresh process; returns the worker's result, or a failure with the reason."""
+def run_worker(job, workdir, timeout, threads, cap=None):
+    """Run one job in a fresh process (inside a memory cgroup of `cap` bytes when given); returns the
+    worker's result, or a failure with the reason."""
     job_file = workdir / f"{job['id']}.job.json"
     job_file.write_text(json.dumps(job))
     env = dict(os.environ, **{name: str(threads) for name in THREAD_ENV})
     command = [sys.executable, "-m", "nnrun_tools.bench_worker", str(job_file)]
     started = time.perf_counter()
     load = _loadavg()
+    group = None
+    if cap:
+        from .cgroup import MemoryCgroup
+
+        group = MemoryCgroup(cap)
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=group.enter if group else None)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"TIMEOUT after {timeout:g} s", "timeout": True}
+    finally:
+        cgroup = None
+        if group:
+            cgroup = {"limit_bytes": cap, "peak_bytes": group.peak_bytes(), "oom_kills": group.oom_kills(),
+                      "version": group.version}
+            group.remove()
     result_file = Path(job["result_file"])
     if result_file.exists():
         result = json.loads(result_file.read_text())
@@ -253,12 +282,16 @@ def run_worker(job, workdir, timeout, threads):
             import signal
 
             reason = f"killed by {signal.Signals(-done.returncode).name}"
-            if done.returncode == -signal.SIGKILL:
+            if cgroup and cgroup["oom_kills"]:
+                reason = f"killed: out of memory in a {_size_label(cap)} cgroup"
+            elif done.returncode == -signal.SIGKILL:
                 reason += " (out of memory?)"
         else:
             reason = _last_line(done.stderr) or f"exit code {done.returncode}"
         result = {"ok": False, "error": reason}
     result["returncode"] = done.returncode
+    if cgroup:
+        result["cgroup"] = cgroup
     result["loadavg_before"] = load
     result["process_s"] = round(time.perf_counter() - started, 3)
     if not result.get("ok"):
@@ -419,7 +452,7 @@ def run_all(models, runtimes, args, workdir):
             wait_until_settled(job["weight_cache_dir"])
         print(f"[{step}/{len(todo)}] {model.name} {rt.label} repeat {rep + 1}/{args.repeat} ...",
               end="", file=sys.stderr, flush=True)
-        result = run_worker(job, workdir, args.timeout, args.threads)
+        result = run_worker(job, workdir, args.timeout, args.threads, rt.cap)
         result["repeat"] = rep
         result["outputs_file"] = job["outputs_file"]
         rec["repeats"].append(result)
@@ -614,6 +647,45 @@ START_NOTES = [
 ]
 
 
+CAP_NOTES = [
+    "Each capped worker runs inside a memory cgroup of its own with that limit, swap limited too, as a "
+    "container's memory limit does: the kernel charges every page the process touches (the page cache of "
+    "the files it reads included), reclaims clean file pages when the charge nears the limit and kills "
+    "the process when it cannot. `vs unlimited` divides the median EXECUTE by the same runtime's "
+    "unlimited row. Major faults: page faults that waited for the disk, per timed run. Peak: the "
+    "cgroup's own high-water mark (interpreter and imports included).",
+]
+
+
+def cap_table(records):
+    """Completion, EXECUTE against unlimited, major faults and cgroup peak of every capped row."""
+    by_key = {(r["model"], r["runtime"]): r for r in records}
+    lines = []
+    for rec in records:
+        runs = [r for r in rec["repeats"] if r.get("cgroup")]
+        if not runs:
+            continue
+        cg = runs[-1]["cgroup"]
+        free = by_key.get((rec["model"], rec["runtime"].rsplit(" @", 1)[0]))
+        s = rec["summary"]
+        if s is None:
+            outcome = rec["failures"][-1] if rec["failures"] else (rec["not_run"] or "not run")
+            lines.append(f"| {rec['model']} | {rec['runtime']} | {_cell(outcome)} | — | — | — | "
+                         f"{_fmt((cg['peak_bytes'] or 0) / 2 ** 20)} |")
+            continue
+        good = [r for r in runs if r.get("ok")]
+        faults = [r["faults"]["major_per_run"] for r in good if r.get("faults")]
+        ratio = _ratio(s["EXECUTE"]["time_ms"], free["summary"]["EXECUTE"]["time_ms"]) \
+            if free and free["summary"] else "—"
+        lines.append(f"| {rec['model']} | {rec['runtime']} | completed {len(good)}/{len(rec['repeats'])} | "
+                     f"{_fmt(s['EXECUTE']['time_ms'])} | {ratio} | {_fmt(_median(faults))} | "
+                     f"{_fmt(_median([r['cgroup']['peak_bytes'] / 2 ** 20 for r in good]))} |")
+    if not lines:
+        return ""
+    return "\n".join(["| model | runtime | outcome | EXECUTE median ms | vs unlimited | major faults per run | "
+                      "cgroup peak MB |", "|" + " --- |" * 7] + lines)
+
+
 def start_table(records):
     """nnrun's first and warm starts beside onnxruntime's session creation, and RssAnon growth."""
     by_key = {(r["model"], r["runtime"]): r for r in records}
@@ -730,6 +802,9 @@ def write_markdown(path, records, machine, args, command, charts_note, sharing=N
     plans = plan_table(records)
     if plans:
         text += ["## nnrun plans", "", plans, ""]
+    capped = cap_table(records)
+    if capped:
+        text += ["## Under a memory limit", "", capped, "", *CAP_NOTES, ""]
     starts = start_table(records)
     if starts:
         text += ["## Start-up and anonymous memory", "", starts, "", *START_NOTES, ""]
@@ -861,6 +936,10 @@ def build_parser():
     p.add_argument("--warm-start", action="store_true",
                    help="after each nnrun repeat (a first start, which writes the weight cache), a second "
                         "process on the same cache: rows 'nnrun warm', and a table of start-up and memory")
+    p.add_argument("--memory-cap", metavar="SIZE,...",
+                   help="also run every runtime inside a memory cgroup of each limit (e.g. 128M,96M; swap "
+                        "limited too): rows 'RUNTIME @128M' and a table of completion, EXECUTE against "
+                        "unlimited, major faults and the cgroup's peak. Needs root")
     p.add_argument("--share", metavar="N,N,...",
                    help="also measure N processes serving each model at once (e.g. 1,2,4): their total PSS")
     return p
@@ -879,6 +958,13 @@ def main(argv=None):
     runtimes = parse_runtimes(args.runtimes)
     if args.warm_start:
         runtimes = with_warm_rows(runtimes)
+    if args.memory_cap:
+        from .cgroup import available, parse_size
+
+        why = available()
+        if why:
+            raise SystemExit(f"nnrun-bench: --memory-cap needs a memory cgroup: {why}")
+        runtimes = with_capped_rows(runtimes, [parse_size(c) for c in args.memory_cap.split(",") if c.strip()])
     models = [resolve_model(s) for s in dict.fromkeys(specs)]
     seen = {}
     for model in models:  # two files called model.onnx get rows of their own

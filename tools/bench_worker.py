@@ -92,6 +92,13 @@ def rss_anon_kb():
     return None
 
 
+def _major_faults():
+    """Page faults of this process that waited for the disk, so far."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
 def hold(job):
     """For a job measured while others run (PSS): say so, then wait until the parent releases it."""
     Path(job["hold"]["ready"]).touch()
@@ -247,10 +254,13 @@ def measure(job):
             outputs = run_once()
     warmup_ms = list(rec.times["EXECUTE"])
     rec.discard_times("EXECUTE")
+    faults_before = _major_faults()
     with ForeignCpu() as foreign:
         for _ in range(max(job["runs"], 1)):
             with rec.phase("EXECUTE"):
                 outputs = run_once()
+    faults = {"major_before_runs": faults_before,
+              "major_per_run": (_major_faults() - faults_before) / max(job["runs"], 1)}
 
     phases = rec.phases()
     phases["EXECUTE"]["times_ms"] = [round(t, 3) for t in rec.times["EXECUTE"]]
@@ -258,7 +268,7 @@ def measure(job):
     phases["EXECUTE"]["foreign_cpu_pct"] = foreign.percent
     result = {"runtime": runtime, "model": job["model"], "ok": True, "versions": versions,
               "pid": os.getpid(), "hwm_reset": hwm_reset, "import": imported, "baseline": baseline,
-              "load_prepare_combined": runtime == "onnxruntime"}
+              "load_prepare_combined": runtime == "onnxruntime", "faults": faults}
     if runtime == "onnxruntime":
         phases["PREPARE"] = {"time_ms": 0.0, "rss_kb": None, "hwm_kb": None, "in": "MODEL_LOAD"}
     if nnrun_session is not None:
