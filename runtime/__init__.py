@@ -5,7 +5,7 @@
     outputs = sess.run(None, {"input": x})
 """
 
-from .errors import (ExecutionError, InputError, ModelError, NnrunError,  # noqa: F401
+from .errors import (BudgetError, ExecutionError, InputError, ModelError, NnrunError,  # noqa: F401
                      UnsupportedOperatorError)
 
 __version__ = "0.1.0"

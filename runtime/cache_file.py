@@ -46,6 +46,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .paging import FileMapping
+
 MAGIC = b"NNRUNWC\0"
 FORMAT_VERSION = 2  # 2: per-array block checksums instead of crc32
 HEADER = struct.Struct("<8sII32sQQ")  # magic, version, index crc32, key digest, index offset, length
@@ -59,7 +61,7 @@ DTYPES = frozenset(np.dtype(t).str for t in (
     np.int64, np.uint64, np.bool_))
 
 
-class CacheMapping(mmap.mmap):
+class CacheMapping(FileMapping):
     """A mapping of a cache file: what `in_cache_file` recognises a cached array by."""
 
 
@@ -152,6 +154,7 @@ class CacheWriter:
         else:
             self._file.flush()
             region = CacheMapping(self._file.fileno(), array.nbytes, access=mmap.ACCESS_READ, offset=start)
+            region.path, region.file_offset = self.path, start  # where it will be, once committed
             view = np.frombuffer(region, dtype=array.dtype, count=array.size).reshape(array.shape)
         view.flags.writeable = False
         return view
@@ -223,20 +226,24 @@ class CacheFile:
             size = stat.st_size
             if size < HEADER.size:
                 raise CacheFileError(f"{self.path} is {size} bytes, shorter than its header")
+            self.size = size
+            # The header and the index are read with pread, not through the mapping: a touch of
+            # the mapping maps the pages around it too (fault-around), arrays' pages among them,
+            # and a page mapped twice is one the process cannot hand back (MADV_PAGEOUT skips it).
+            self._entries = self._read_index(key, lambda start, length: os.pread(fd, length, start))
             self._mmap = CacheMapping(fd, 0, access=mmap.ACCESS_READ)
+            self._mmap.path = self.path
         except OSError as e:
             raise CacheFileError(f"cannot map {self.path}: {e.strerror or e}") from None
         finally:
             os.close(fd)
-        self.size = size
         self._identity = [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
         self._buffer = memoryview(self._mmap)
-        self._entries = self._read_index(key)
         self._checked = set()
         self._lock = threading.Lock()
 
-    def _read_index(self, key):
-        magic, version, index_crc, digest, index_offset, index_length = HEADER.unpack_from(self._buffer, 0)
+    def _read_index(self, key, read):
+        magic, version, index_crc, digest, index_offset, index_length = HEADER.unpack(read(0, HEADER.size))
         if magic != MAGIC:
             raise CacheFileError(f"{self.path} is not a cache file (magic {magic!r})")
         if version != FORMAT_VERSION:
@@ -246,7 +253,9 @@ class CacheFile:
         if index_offset < HEADER.size or index_offset + index_length > self.size:
             raise CacheFileError(f"{self.path}: index at {index_offset} (+{index_length}) lies outside its "
                                  f"{self.size} bytes")
-        index = bytes(self._buffer[index_offset:index_offset + index_length])
+        index = read(index_offset, index_length)
+        if len(index) != index_length:
+            raise CacheFileError(f"{self.path}: the index is cut short")
         if zlib.crc32(index) != index_crc:
             raise CacheFileError(f"{self.path}: the index's checksum does not match")
         try:

@@ -75,6 +75,9 @@ def build_parser():
     p.add_argument("--weight-cache", metavar="DIR",
                    help="where packed weights are cached (default: $NNRUN_WEIGHT_CACHE, $XDG_CACHE_HOME/nnrun/weights)")
     p.add_argument("--no-weight-cache", action="store_true", help="keep packed weights in memory only")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="the most memory nnrun may hold beyond the baseline (e.g. 128M), or 'auto' (the "
+                        "memory cgroup's limit less what is in use): weights beyond it stream from disk")
     p.add_argument("--dump-intermediates", metavar="DIR",
                    help="after the timed runs, run once more and write every step's outputs as DIR/NAME.npy")
     p.add_argument("--stop-after", metavar="NODE",
@@ -130,6 +133,7 @@ def main(argv=None):
         options.weight_cache_dir = args.weight_cache
     if args.no_weight_cache:
         options.weight_cache_dir = None
+    options.memory_budget = args.memory_budget
     dims = {k: int(v) for k, v in parse_pairs(args.dim, "--dim").items()}
     files = parse_pairs(args.input, "--input")
     try:

@@ -42,6 +42,10 @@ class UnsupportedOperatorError(NnrunError):
         super().__init__(f"unsupported operators: {listed}")
 
 
+class BudgetError(NnrunError):
+    """The memory budget is below the least the model can run in."""
+
+
 class InputError(NnrunError):
     """A feed does not match the model: unknown name, missing input, wrong shape or dtype."""
 

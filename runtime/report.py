@@ -195,4 +195,10 @@ def format_table(report):
         f"                            RSS {ex['rss_kb']:>10,} kB   HWM {ex['hwm_kb']:>10,} kB",
         f"PEAK                        RSS {peak['rss_kb']:>10,} kB   HWM {peak['hwm_kb']:>10,} kB",
     ]
+    plan = report.get("plan", {})
+    if plan.get("memory_budget_bytes"):
+        lines.append(f"BUDGET     {plan['memory_budget_bytes'] // 1024:>10,} kB   predicted peak "
+                     f"{plan['predicted_peak_bytes'] // 1024:>10,} kB   streamed weights "
+                     f"{plan['streamed_weights_bytes'] // 1024:>10,} kB   resident "
+                     f"{plan['resident_weights_bytes'] // 1024:,} kB")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from .compiler.weight_cache import default_directory as default_cache_directory
 from .errors import InputError, NnrunError
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
+from .memory_limit import resolve_budget
 from .plan_cache import PlanCache
 from .report import PhaseRecorder
 
@@ -46,6 +47,10 @@ class SessionOptions:
         # PREPARE's time budget for the memory-optimal order (per plan); the best order found
         # within it is kept, and the plan says whether it is proven optimal.
         self.order_search_seconds = 1.0
+        # The most memory nnrun may hold beyond the process's baseline: bytes, a size such as
+        # "128M", or "auto" (the process's memory cgroup limit, less what is in use). Weights
+        # beyond it stream by execution order. None: no budget.
+        self.memory_budget = None
         self.release_weights = True  # madvise away the mapped pages of packed weights
         # Compiler passes to skip, by name (nnrun.compiler.passes.SWITCHABLE); the five
         # switches above are the same as naming their passes here.
@@ -60,8 +65,8 @@ class SessionOptions:
         # never cached: they have no file whose identity could be checked cheaply.
         self.weight_cache_dir = default_cache_directory()
 
-    def compile_options(self):
-        return CompileOptions(self.disabled_passes, self.order_search_seconds,
+    def compile_options(self, memory_budget=None):
+        return CompileOptions(self.disabled_passes, self.order_search_seconds, memory_budget,
                               fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
                               fuse_activations=self.fuse_activations,
                               memory_aware_order=self.memory_aware_order,
@@ -117,6 +122,15 @@ def _stop_position(plan, stop_after):
                      f"(a node folded at PREPARE or not needed for the outputs has none)")
 
 
+def _budget_figures(plan, budget):
+    """The report's memory budget fields (DESIGN.md): the plan's decision, or what holds without one."""
+    streaming = getattr(plan, "streaming", None)
+    if streaming is not None:
+        return streaming.summary()
+    return {"memory_budget_bytes": budget, "resident_weights_bytes": 0, "streamed_weights_bytes": 0,
+            "spilled_activation_bytes": 0, "predicted_peak_bytes": 0}
+
+
 def _type_name(dtype):
     if dtype is None:
         return "tensor(undefined)"
@@ -147,8 +161,9 @@ class InferenceSession:
                                              cache_key(self._graph, compile_options.disabled_passes),
                                              label=os.path.abspath(self._model_path),
                                              origin=model_origin(self._model_path))
+        self._memory_budget = resolve_budget(self._options.memory_budget)
         # Every plan of this session, the main graph's and its control-flow bodies'.
-        self._plans = PlanCache(self._options.compile_options(), self._weight_cache)
+        self._plans = PlanCache(self._options.compile_options(self._memory_budget), self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
         self._last = None
         self._last_outputs = {}
@@ -302,6 +317,7 @@ class InferenceSession:
                                  if cache else {"state": "off", "path": None}),
                 "steps": stats.get("steps", 0),
                 "plans": len(self._plans.plans(self._graph)),
+                **_budget_figures(plan, self._memory_budget),
             },
             "outputs": {n: {"shape": s, "dtype": d} for n, (s, d) in self._last_outputs.items()},
         }

@@ -210,8 +210,8 @@ def test_memory_cap_rows_run_inside_a_cgroup(tmp_path, small_model):
     from nnrun_tools.cgroup import available, parse_size
 
     assert parse_size("128M") == 128 << 20 and parse_size("1.5G") == 3 << 29 and parse_size("4096") == 4096
-    argv = [small_model, "--runtimes", "nnrun,onnxruntime", "--runs", "2", "--threads", "1",
-            "--memory-cap", "1G,8M"]
+    argv = [small_model, "--runtimes", "nnrun,onnxruntime,nnrun:memory_budget=auto", "--runs", "2",
+            "--threads", "1", "--memory-cap", "1G,8M"]
     why = available()
     if why:  # a machine without a writable memory cgroup: the option says so and runs nothing
         with pytest.raises(SystemExit, match="memory cgroup"):
@@ -226,6 +226,9 @@ def test_memory_cap_rows_run_inside_a_cgroup(tmp_path, small_model):
     # 8 MB cannot hold an interpreter with numpy: the kernel kills the worker, and the row says so.
     assert not tight["repeats"][0]["ok"] and "out of memory in a 8M cgroup" in tight["repeats"][0]["error"]
     assert tight["repeats"][0]["cgroup"]["oom_kills"] >= 1
+    # `auto` takes its budget from the cgroup: under 1G less what the process holds; none outside one.
+    auto = results[("bench_small", "nnrun:memory_budget=auto @1G")]
+    assert 0 < auto["nnrun_plan"]["memory_budget_bytes"] < 1 << 30 and auto["check"]["ok"]
     section = table.split("## Under a memory limit")[1]
     assert _row(section, "bench_small", "nnrun @1G") and "completed 1/1" in _row(section, "bench_small", "nnrun @1G")
     assert "out of memory" in _row(section, "bench_small", "onnxruntime @8M")

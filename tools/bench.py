@@ -260,8 +260,12 @@ def run_worker(job, workdir, timeout, threads, cap=None):
     load = _loadavg()
     group = None
     if cap:
-        from .cgroup import MemoryCgroup
+        from .cgroup import MemoryCgroup, drop_page_cache
 
+        # The model's pages are read (and charged) inside the cgroup, not found in the page cache
+        # already, charged to whoever read them first.
+        model = Path(job["model"])
+        drop_page_cache([f for f in model.parent.glob(model.name + "*") if f.is_file()])
         group = MemoryCgroup(cap)
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,

@@ -15,17 +15,24 @@ subtree); `available()` says whether this machine can.
 import os
 import uuid
 
+from nnrun.memory_limit import parse_size  # noqa: F401  (the size syntax of --memory-cap)
+
 V1_ROOT = "/sys/fs/cgroup/memory"
 V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 
 
-def parse_size(text):
-    """'128M', '1.5G', '4096' -> bytes."""
-    text = str(text).strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+def drop_page_cache(paths):
+    """Drop the files' pages from the page cache (those no process maps), so that the next reader
+    reads them from disk and a memory cgroup charges them to it."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _v2_root():

@@ -13,6 +13,7 @@ from one frozen stage (stages.py) to the next:
 """
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from ..weights import ExternalData, is_anonymous, weight_array
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import topological
+from .budget import plan_streaming
 from .order_search import best_order
 from .passes import PassRunner
 from .plan import (ALIAS, ARENA, CACHED, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer,
@@ -41,13 +43,14 @@ FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this large...
 class CompileOptions:
     """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
 
-    def __init__(self, disabled_passes=(), order_search_seconds=1.0, **switches):
+    def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, **switches):
         disabled = set(disabled_passes)
         for name, on in switches.items():
             if not on:
                 disabled.add(name)
         self.disabled_passes = frozenset(disabled)
         self.order_search_seconds = order_search_seconds  # the memory-optimal order's time budget
+        self.memory_budget = memory_budget  # bytes beyond the baseline, or None: no budget
 
     def __repr__(self):
         return (f"CompileOptions(disabled_passes={sorted(self.disabled_passes)}, "
@@ -100,6 +103,9 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
 
     if run.enabled("release_weights"):
         run("release_weights", release_unused, weights_in_files, plan.mapped_weights)
+    if options.memory_budget is not None:
+        plan = run("plan_budget", lambda plan: replace(plan, streaming=plan_streaming(plan, options.memory_budget)),
+                   plan)
     stats = dict(plan.stats)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
     stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)

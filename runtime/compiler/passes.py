@@ -44,6 +44,8 @@ PASSES = tuple(Pass(*p) for p in (
     ("build_plan", False, "the frozen Plan: steps, slots, constants (unaligned payloads copied once)"),
     ("release_weights", True, "mapped pages of weights no step reads any more are handed back "
                               "(off: they stay mapped)"),
+    ("plan_budget", False, "under a memory budget: which weights stay resident and which are read ahead "
+                           "of their steps and dropped after"),
 ))
 BY_NAME = {p.name: p for p in PASSES}
 SWITCHABLE = tuple(p.name for p in PASSES if p.switchable)

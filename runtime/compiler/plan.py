@@ -120,3 +120,4 @@ class Plan:
     live_bytes: tuple = ()  # per step: arena bytes live while it runs (its scratch included)
     buffers: tuple = ()  # ArenaBuffer, by offset
     mapped_weights: tuple = ()  # the ExternalData whose mapped bytes the steps read at run time
+    streaming: object = None  # budget.Streaming under a memory budget: weights read ahead and dropped

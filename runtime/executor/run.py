@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ExecutionError, located
 from ..ops.registry import TensorInfo
+from .prefetch import Prefetcher
 
 
 class ArenaState:
@@ -41,6 +42,8 @@ class Executor:
         # Kernels of eager steps, kept between runs (their caches, such as a body's plans,
         # survive) and handed to one run at a time.
         self._eager_kernels = {}
+        # Under a memory budget: streamed weights read ahead of their steps and dropped after.
+        self.prefetcher = Prefetcher(plan.streaming) if getattr(plan, "streaming", None) else None
 
     def _take(self):
         with self._lock:
@@ -96,9 +99,12 @@ class Executor:
 
     def _steps(self, env, profile, trace, stop):
         clock = time.perf_counter_ns
+        prefetcher = self.prefetcher
         for position, step in enumerate(self.plan.steps):
             if stop is not None and position > stop:
                 break
+            if prefetcher is not None:
+                prefetcher.before(position)
             if profile is not None:
                 started = clock()
             try:
@@ -114,12 +120,18 @@ class Executor:
                 else:
                     args = [env[i] if i >= 0 else None for i in step.inputs]
                     outs = tuple(env[o] if o >= 0 else None for o in step.outputs)
-                    result = step.kernel.run(*args, outs=outs,
-                                             scratch=tuple(env[s] for s in step.scratch))
+                    stream = prefetcher.blocks(position) if prefetcher is not None else None
+                    if stream is None:
+                        result = step.kernel.run(*args, outs=outs, scratch=tuple(env[s] for s in step.scratch))
+                    else:
+                        result = step.kernel.run(*args, outs=outs, scratch=tuple(env[s] for s in step.scratch),
+                                                 stream=stream)
                     if result is not None:
                         _store(result, outs)
             except Exception as e:  # noqa: BLE001 - every failure must name the node
                 raise located(e, "EXECUTE", None, step.node) from e
+            if prefetcher is not None:
+                prefetcher.after(position)
             if profile is not None:
                 profile.append((position, started, clock() - started))
             if trace is not None:

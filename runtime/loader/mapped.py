@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 
 from ..errors import ModelError
+from ..paging import map_file
 from ..weights import ExternalData, check_extent  # noqa: F401 - the loader's names for them
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -48,7 +49,7 @@ class MappedFile:
             if size == 0:
                 os.close(fd)
                 return cls(b"", path=path)
-            mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            mapping = map_file(fd, 0, path)
         except OSError as e:
             os.close(fd)
             raise ModelError(f"cannot map {path!r}: {e.strerror or e}") from None

@@ -58,9 +58,14 @@ class Gemm(Kernel):
         self.scale_c = True
         return [(tuple(c.shape), c.dtype)]
 
-    def run(self, a, b, c=None, *, outs, scratch):
+    def run(self, a, b, c=None, *, outs, scratch, stream=None):
+        """`stream`, under a memory budget, reads B in blocks of its rows (budget.Blocks): each is
+        entered before its product and left after, so only a block or two of B is in memory."""
         y = outs[0]
-        np.matmul(a.T if self.transA else a, b.T if self.transB else b, out=y)
+        if stream is None:
+            np.matmul(a.T if self.transA else a, b.T if self.transB else b, out=y)
+        else:
+            self._product_in_blocks(stream, a.T if self.transA else a, b, y)
         if self.alpha != 1:
             np.multiply(y, y.dtype.type(self.alpha), out=y)
         if self.add_c:
@@ -70,6 +75,20 @@ class Gemm(Kernel):
                 c = np.multiply(c, y.dtype.type(self.beta), out=scratch[0])
             np.add(y, c, out=y)
         apply_activation(y, self.activation)
+
+
+    def _product_in_blocks(self, stream, a, b, y):
+        """A' @ B' with B's rows in blocks: with transB, B is (N, K) and a block of rows makes a
+        block of Y's columns; without, B is (K, N) and a block of rows adds a partial product."""
+        for k, (start, end) in enumerate(stream.rows):
+            stream.enter(k)
+            if self.transB:
+                np.matmul(a, b[start:end].T, out=y[:, start:end])
+            elif k == 0:
+                np.matmul(a[:, start:end], b[start:end], out=y)
+            else:
+                y += a[:, start:end] @ b[start:end]
+            stream.leave(k)
 
 
 @register("MatMul", since=1)

@@ -111,6 +111,7 @@ class Kernel:
     foldable = True  # may run at PREPARE when every input is known
     uses_planner = False  # made with the planner of its bodies (control flow: see control.py)
     packed = frozenset()  # inputs the kernel holds in a layout of its own (see pack)
+    packed_arrays = ()  # the arrays it keeps for them: what a run reads instead of those inputs
     packed_bytes = 0  # the bytes of what it made of them that live in memory...
     packed_cached_bytes = 0  # ...and in a weight cache file
     _sealed = None  # None: open; "infer" while its shape rule runs; "frozen" once prepared
@@ -190,6 +191,7 @@ class Kernel:
         arrays = value if isinstance(value, (tuple, list)) else (value,)
         self.packed = self.packed | frozenset(inputs)
         made = [a for a in arrays if isinstance(a, np.ndarray)]
+        self.packed_arrays = self.packed_arrays + tuple(made)
         self.packed_bytes += sum(a.nbytes for a in made if not in_cache_file(a))
         self.packed_cached_bytes += sum(a.nbytes for a in made if in_cache_file(a))
         return value

@@ -1,0 +1,190 @@
+"""Running within a memory budget: which weights stay resident and which stream by execution order.
+
+The budget counts what nnrun holds beyond the process's baseline: the arena (every activation
+and scratch buffer), weights in memory of the process's own (which cannot be dropped), and the
+resident pages of weights that are views of a file (the model's, or the weight cache's). Those
+last are the freedom: a streamed weight's pages are read some steps before its first reader and
+dropped after its last, so it costs its bytes only in between. A resident weight costs its bytes
+throughout and is never read from disk again.
+
+Every weight is read once per run, so what streaming costs is the bytes it reads from disk per
+run. The plan keeps resident as many weight bytes as fit, the largest first, leaving room to
+stream the rest with one step of lookahead; then each streamed weight is read as far ahead of its
+first reader as the room left allows (at most MAX_LOOKAHEAD steps), in order of first use, so
+reading overlaps computing.
+
+A weight too large to stream whole (VGG-16's first fully connected weight is 392 MiB) is read in
+blocks of its rows, when its step can work that way (Gemm: a block of B's rows is a block of the
+output's columns, or a partial product): two blocks are in memory at a time, the one in use and
+the next being read.
+
+The least a model can run in is the arena, the weights of the process's own, and the most
+weight bytes one step reads at once (streamed with no lookahead, a blockable weight as two
+rows); a budget below that fails at PREPARE, naming that step.
+
+Not here yet: activations stay in the arena (none spill), and control-flow bodies keep their
+weights resident.
+"""
+
+from dataclasses import dataclass
+
+from ..errors import BudgetError
+from ..paging import PAGE, region_of
+from ..weights import ExternalData
+
+MAX_LOOKAHEAD = 8
+BLOCK_SHARE = 4  # a blocked weight's block is at most this fraction of the room left for streaming
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A weight a step reads in blocks of its rows."""
+    rows: tuple  # (start, end) row ranges, in order
+    regions: tuple  # the Region of each block
+    whole: object  # the Region of the whole weight, dropped once more after the last block
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """The budget's decision, part of the Plan: what the executor prefetches and drops."""
+    budget_bytes: int
+    lookahead: int  # the most steps a streamed weight is read ahead of its first reader
+    prefetch: tuple  # per step position: the Regions to start reading when that step begins
+    drop: tuple  # per step position: the Regions to hand back after that step (their last reader)
+    blocks: tuple  # per step position: Blocks of the weight it reads in blocks, or None
+    resident_weights_bytes: int
+    streamed_weights_bytes: int
+    fixed_bytes: int  # arena and weights of the process's own: held whatever the plan
+    predicted_peak_bytes: int  # fixed + resident + the most streamed bytes in memory at one step
+    least_bytes: int  # the smallest budget this plan could run in
+
+    def summary(self):
+        return {"memory_budget_bytes": self.budget_bytes, "resident_weights_bytes": self.resident_weights_bytes,
+                "streamed_weights_bytes": self.streamed_weights_bytes, "spilled_activation_bytes": 0,
+                "predicted_peak_bytes": self.predicted_peak_bytes, "least_bytes": self.least_bytes,
+                "lookahead_steps": self.lookahead,
+                "blocked_steps": sum(1 for b in self.blocks if b is not None)}
+
+
+def step_weights(plan, step):
+    """The weight arrays a step reads when it runs, as (input index or None when packed, array)."""
+    found = []
+    for k, slot in enumerate(step.inputs):
+        value = plan.constants.get(slot) if slot >= 0 else None
+        if value is not None:
+            found.append((k, value.array() if isinstance(value, ExternalData) else value))
+    found.extend((None, a) for a in getattr(step.kernel, "packed_arrays", ()))
+    return found
+
+
+def _blockable(step, k, array):
+    """Whether `step` can read input `k` in blocks of rows: a Gemm's B, as a C-contiguous matrix."""
+    return (step.node.op_type == "Gemm" and step.node.domain in ("", "ai.onnx") and k == 1 and not step.eager
+            and array.ndim == 2 and array.flags.c_contiguous and array.shape[0] > 1)
+
+
+def plan_streaming(plan, budget_bytes):
+    """The Streaming of `plan` within `budget_bytes`; raises BudgetError below its least."""
+    n = len(plan.steps)
+    uses, sizes, own, arrays, blockable = {}, {}, {}, {}, {}
+    for position, step in enumerate(plan.steps):
+        for k, array in step_weights(plan, step):
+            region = region_of(array)
+            if region is None:
+                own[id(array)] = getattr(array, "nbytes", 0)
+                continue
+            uses.setdefault(region, []).append(position)
+            sizes[region] = region.length
+            arrays[region] = array
+            if _blockable(step, k, array):
+                blockable.setdefault(region, set()).add(position)
+    # A region read by several steps is blocked only if every reader can block it.
+    blockable = {r for r, readers in blockable.items() if readers == set(uses[r]) and len(uses[r]) == 1}
+    fixed = plan.arena_bytes + sum(own.values())
+    first = {r: min(p) for r, p in uses.items()}
+    last = {r: max(p) for r, p in uses.items()}
+
+    def row_bytes(r):
+        return arrays[r].nbytes // arrays[r].shape[0]
+
+    def held_at(streamed, lookahead, blocked=None):
+        """Per step: bytes of streamed regions in memory while it runs (blocked: two blocks)."""
+        blocked = blocked or {}
+        delta = [0] * (n + 2)
+        for r in streamed:
+            size = 2 * blocked[r] if r in blocked else sizes[r]
+            delta[max(0, first[r] - lookahead)] += size
+            delta[last[r] + 1] -= size
+        out, live = [], 0
+        for position in range(n):
+            live += delta[position]
+            out.append(live)
+        return out
+
+    least_held = held_at(uses, 0, {r: row_bytes(r) + PAGE for r in blockable})
+    least = fixed + max(least_held, default=0)
+    if budget_bytes < least:
+        hungriest = max(range(n), key=lambda p: least_held[p]) if n else 0
+        step = plan.steps[hungriest] if n else None
+        what = (f"step {step.node.name or step.node.op_type!r} ({step.node.op_type}) reads "
+                f"{_mib(least_held[hungriest])} of weights" if step is not None else "no step")
+        raise BudgetError(f"memory budget {_mib(budget_bytes)} is below the least this model can run in, "
+                          f"{_mib(least)}: the arena {_mib(plan.arena_bytes)}, weights in memory of the "
+                          f"process's own {_mib(fixed - plan.arena_bytes)}, and {what} at once")
+
+    # Blocks for the weights that cannot stream whole: at most 1/BLOCK_SHARE of the room beside
+    # the arena and the weights of the process's own.
+    block_bytes = max(PAGE, (budget_bytes - fixed) // BLOCK_SHARE)
+    blocked = {}
+    for r in blockable:
+        if 2 * sizes[r] > budget_bytes - fixed:
+            rows = max(1, block_bytes // row_bytes(r))
+            blocked[r] = rows * row_bytes(r) + PAGE
+    streamed = set(uses)
+    resident, resident_bytes = set(), 0
+    current = held_at(streamed, 1, blocked)
+    if fixed + max(current, default=0) <= budget_bytes:
+        for r in sorted(set(uses) - set(blocked), key=lambda r: (-sizes[r], first[r])):
+            trial = list(current)
+            for position in range(max(0, first[r] - 1), last[r] + 1):
+                trial[position] -= sizes[r]
+            if fixed + resident_bytes + sizes[r] + max(trial, default=0) <= budget_bytes:
+                resident.add(r)
+                resident_bytes += sizes[r]
+                current = trial
+        streamed -= resident
+
+    # Each streamed region is read as far ahead of its first reader as the room left allows.
+    room = budget_bytes - fixed - resident_bytes
+    held = [0] * (n + 1)
+    for r, size in blocked.items():
+        held[first[r]] += 2 * size
+    starts = {}
+    for r in sorted(streamed - set(blocked), key=lambda r: (first[r], -sizes[r])):
+        start = first[r]
+        for candidate in range(max(0, first[r] - MAX_LOOKAHEAD), first[r] + 1):
+            if all(held[p] + sizes[r] <= room for p in range(candidate, first[r])):
+                start = candidate
+                break
+        starts[r] = start
+        for p in range(start, last[r] + 1):
+            held[p] += sizes[r]
+    peak = fixed + resident_bytes + max(held[:n], default=0)
+    lookahead = max((first[r] - starts[r] for r in starts), default=0)
+    prefetch = [[] for _ in range(n)]
+    drop = [[] for _ in range(n)]
+    for r in sorted(starts, key=lambda r: (starts[r], first[r], r.address)):
+        prefetch[starts[r]].append(r)
+        drop[last[r]].append(r)
+    blocks = [None] * n
+    for r, size in blocked.items():
+        array = arrays[r]
+        rows = max(1, (size - PAGE) // row_bytes(r))
+        ranges = tuple((s, min(s + rows, array.shape[0])) for s in range(0, array.shape[0], rows))
+        blocks[first[r]] = Blocks(ranges, tuple(region_of(array[s:e]) for s, e in ranges), r)
+    return Streaming(budget_bytes, lookahead, tuple(map(tuple, prefetch)), tuple(map(tuple, drop)), tuple(blocks),
+                     resident_bytes, sum(sizes[r] for r in streamed), fixed, peak, least)
+
+
+def _mib(nbytes):
+    return f"{nbytes / 2 ** 20:,.1f} MiB"

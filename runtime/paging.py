@@ -1,0 +1,149 @@
+"""The pages of mapped arrays: where an array's bytes lie in memory, and the calls that bring them in
+ahead of use (MADV_WILLNEED) or hand them back after it (MADV_PAGEOUT).
+
+A weight that is a view of a file mapping (the model file's, or the weight cache file's) costs
+memory only while its pages are resident, and they are clean: dropping them costs nothing but a
+read when they are needed again. That is what running within a memory budget rests on. An
+array of the process's own (numpy's memory) has no file behind it and cannot be dropped.
+
+Handing pages back takes three calls. MADV_PAGEOUT (Linux 5.4) reclaims the pages of the
+range it can isolate; MADV_DONTNEED unmaps the others (one another CPU has just faulted in stays
+mapped through a pageout); posix_fadvise(POSIX_FADV_DONTNEED) on the file then drops what is left
+from the page cache, pages this process never mapped too (a weight cache file it has just
+written). Only pages no other process maps go, so processes sharing a model do not take its
+pages from each other. Then a memory cgroup stops charging them. The file is known from the
+mapping: a `FileMapping` records its path and offset.
+"""
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+MADV_WILLNEED = 3
+MADV_DONTNEED = 4
+MADV_PAGEOUT = 21
+
+
+class FileMapping(mmap.mmap):
+    """A read-only mapping of (part of) a file that remembers which: `path`, and `file_offset`, the
+    offset in the file of its first byte."""
+
+    path = None
+    file_offset = 0
+
+
+def map_file(fd, length, path, offset=0):
+    """A FileMapping of `length` bytes of the open file `fd` from `offset` (0: to its end)."""
+    mapping = FileMapping(fd, length, access=mmap.ACCESS_READ, offset=offset)
+    mapping.path, mapping.file_offset = path, offset
+    return mapping
+
+
+@dataclass(frozen=True)
+class Region:
+    """Whole pages of memory: [address, address + length), and where they lie in their file."""
+    address: int
+    length: int
+    path: str = None
+    file_offset: int = 0
+
+
+def region_of(array, inward=False):
+    """The pages holding `array`'s bytes when they lie in a file mapping, else None (memory of
+    the process's own, or a view of bytes). `inward` keeps only pages wholly inside the array:
+    what may be dropped without touching a neighbour's bytes."""
+    mapping = _mapping_of(array) if isinstance(array, np.ndarray) and array.nbytes else None
+    if mapping is None:
+        return None
+    start = array.__array_interface__["data"][0]
+    end = start + array.nbytes
+    if inward:
+        first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE
+    else:
+        first, last = start // PAGE * PAGE, -(-end // PAGE) * PAGE
+    if last <= first:
+        return None
+    path = getattr(mapping, "path", None)
+    offset = 0
+    if path is not None:
+        offset = mapping.file_offset + first - np.frombuffer(mapping, np.uint8).ctypes.data
+    return Region(first, last - first, path, offset)
+
+
+def _mapping_of(array):
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return base if isinstance(base, mmap.mmap) else None
+
+
+class Pager:
+    """madvise and mincore on regions (Linux; elsewhere every call does nothing)."""
+
+    def __init__(self):
+        self._libc = None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            self._libc = libc
+        except (OSError, AttributeError):
+            pass
+        self._pageout = MADV_PAGEOUT
+        self._fds = {}
+        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # for callers: a check and a madvise that must not interleave
+    def willneed(self, region):
+        """Start reading the region's pages in (the kernel reads ahead; this does not wait for it)."""
+        if self._libc is not None:
+            self._libc.madvise(region.address, region.length, MADV_WILLNEED)
+
+    def drop(self, region):
+        """Hand the region's pages back: unmapped, and out of the page cache."""
+        if self._libc is None:
+            return
+        if self._libc.madvise(region.address, region.length, self._pageout) != 0 and self._pageout != MADV_DONTNEED:
+            self._pageout = MADV_DONTNEED  # a kernel before 5.4
+        # MADV_PAGEOUT leaves mapped a page it cannot isolate (one another CPU has just faulted
+        # in): unmap every page, then drop from the page cache what is left.
+        self._libc.madvise(region.address, region.length, MADV_DONTNEED)
+        fd = self._fd(region.path) if region.path else None
+        if fd is not None:
+            os.posix_fadvise(fd, region.file_offset, region.length, os.POSIX_FADV_DONTNEED)
+
+    def _fd(self, path):
+        """A descriptor of `path` kept open for posix_fadvise (the file may be renamed into place
+        after it was mapped: a weight cache file being written), or None."""
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                return None
+            with self._lock:
+                if path in self._fds:
+                    os.close(fd)
+                    return self._fds[path]
+                self._fds[path] = fd
+        return fd
+
+    def resident_bytes(self, region):
+        """How many of the region's bytes are in memory now (mincore), or None where unknown."""
+        if self._libc is None:
+            return None
+        pages = region.length // PAGE
+        vector = (ctypes.c_ubyte * max(pages, 1))()
+        if self._libc.mincore(region.address, region.length, vector) != 0:
+            return None
+        return sum(v & 1 for v in vector[:pages]) * PAGE
+
+
+PAGER = Pager()

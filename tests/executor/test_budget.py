@@ -1,0 +1,188 @@
+"""Running within a memory budget (compiler/budget.py, executor/prefetch.py, memory_limit.py): outputs
+equal to the unbudgeted run's (and onnxruntime's), streamed weights' pages handed back after the
+run (checked with mincore, not with nnrun's accounting), a weight larger than the budget read in
+blocks, a budget below the least the model needs refused at PREPARE, `auto` read from the memory
+cgroup's files. Behaviour only: the harness (`nnrun-bench --memory-cap`) measures time and memory."""
+
+import gc
+import os
+
+import numpy as np
+import pytest
+from onnx import helper
+from oracle import assert_close, make_model, rng, run_onnxruntime
+
+import nnrun
+from nnrun.memory_limit import cgroup_memory, parse_size, resolve_budget
+from nnrun.paging import PAGER
+
+MIB = 1 << 20
+
+
+def mlp(trans_b=1, hidden=512, k=1024, seed=0):
+    """Three Gemms over 2 MiB weights and a MatMul: x (4, k) -> (4, 10)."""
+    r = rng(seed)
+
+    def weight(n, m):
+        w = (r.standard_normal((n, m)) / np.sqrt(m)).astype(np.float32)
+        return w if trans_b else np.ascontiguousarray(w.T)
+
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], transB=trans_b, name="fc1"),
+             helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+             helper.make_node("Gemm", ["r1", "w2", "b2"], ["h2"], transB=trans_b, name="fc2"),
+             helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
+             helper.make_node("Gemm", ["r2", "w3", "b3"], ["h3"], transB=trans_b, name="fc3"),
+             helper.make_node("MatMul", ["h3", "w4"], ["y"], name="head")]
+    inits = [("w1", weight(hidden, k)), ("b1", r.standard_normal(hidden).astype(np.float32)),
+             ("w2", weight(hidden, hidden)), ("b2", r.standard_normal(hidden).astype(np.float32)),
+             ("w3", weight(hidden, hidden)), ("b3", r.standard_normal(hidden).astype(np.float32)),
+             ("w4", r.standard_normal((hidden, 10)).astype(np.float32))]
+    return make_model(nodes, [("x", (np.float32, [4, k]))], [("y", None)], inits)
+
+
+X = {"x": rng(7).standard_normal((4, 1024)).astype(np.float32)}
+
+
+def saved(path, model):
+    """The model written and synced: pages of a file being written cannot be handed back until the
+    disk has them, and a model a runtime loads is not one being written."""
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def session(tmp_path, model, budget=None, name="m.onnx"):
+    path = tmp_path / name
+    if not path.exists():
+        saved(path, model)
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = str(tmp_path / "cache")
+    options.memory_budget = budget
+    return nnrun.InferenceSession(str(path), sess_options=options)
+
+
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_outputs_under_a_budget_equal_the_unbudgeted_ones(tmp_path, trans_b):
+    model = mlp(trans_b)
+    free = session(tmp_path, model).run(None, X)[0]
+    assert_close(free, run_onnxruntime(model, X)[0])
+    for budget in ("3M", 2 * MIB + 300 * 1024):
+        sess = session(tmp_path, model, budget)
+        plan = sess.report()["plan"]
+        assert plan["memory_budget_bytes"] == parse_size(budget) if isinstance(budget, str) else budget
+        assert plan["streamed_weights_bytes"] > 0
+        assert plan["predicted_peak_bytes"] <= plan["memory_budget_bytes"]
+        blocked = any(b is not None for b in sess.plan().streaming.blocks)
+        for _ in range(2):  # the second run reads again what the first dropped
+            got = sess.run(None, X)[0]
+            if blocked:  # BLAS on a block of columns, or partial products summed: rounding may differ
+                np.testing.assert_allclose(got, free, rtol=1e-5, atol=1e-5 * float(np.abs(free).max()))
+            else:  # the same kernels on the same bytes, only paged in and out
+                np.testing.assert_array_equal(got, free)
+
+
+def test_streamed_weights_leave_memory_after_the_run(tmp_path):
+    sess = session(tmp_path, mlp(), "3M")
+    sess.run(None, X)
+    streaming = sess.plan().streaming
+    dropped = [r for step in streaming.drop for r in step]
+    assert dropped and all(PAGER.resident_bytes(r) == 0 for r in dropped)  # mincore: not in memory
+    # Without a budget the same weights stay in memory after a run.
+    free = session(tmp_path, mlp())
+    free.run(None, X)
+    assert sum(PAGER.resident_bytes(r) for r in dropped) > 0
+
+
+def test_a_weight_larger_than_the_budget_is_read_in_blocks(tmp_path):
+    model = mlp(hidden=1024, k=2048)  # w1 is 8 MiB
+    x = {"x": rng(3).standard_normal((4, 2048)).astype(np.float32)}
+    sess = session(tmp_path, model, "6M")
+    plan = sess.plan()
+    blocked = [b for b in plan.streaming.blocks if b is not None]
+    assert blocked and len(blocked[0].rows) > 2
+    assert sess.report()["plan"]["blocked_steps"] == len(blocked)
+    assert_close(sess.run(None, x)[0], run_onnxruntime(model, x)[0])
+    assert [PAGER.resident_bytes(r) for b in blocked for r in b.regions] == [0] * sum(len(b.regions) for b in blocked)
+
+
+def test_a_budget_below_the_least_is_refused_naming_what_needs_it(tmp_path):
+    model = mlp(trans_b=1)
+    least = session(tmp_path, model, "64M").report()["plan"]["least_bytes"]
+    with pytest.raises(nnrun.BudgetError, match=r"below the least this model can run in, .* MiB: the arena") as e:
+        session(tmp_path, model, least - 4096)
+    assert "reads" in str(e.value) and "PREPARE/plan_budget" in str(e.value)
+    assert session(tmp_path, model, least).run(None, X)[0].shape == (4, 10)
+
+
+def test_no_budget_changes_nothing_and_the_report_says_so(tmp_path):
+    plan = session(tmp_path, mlp()).report()["plan"]
+    assert plan["memory_budget_bytes"] is None and plan["streamed_weights_bytes"] == 0
+    assert plan["predicted_peak_bytes"] == 0 and plan["spilled_activation_bytes"] == 0
+
+
+def test_the_prefetcher_ends_with_the_session(tmp_path):
+    sess = session(tmp_path, mlp(), "3M")
+    sess.run(None, X)
+    prefetcher = sess._plans.get(sess.graph, {"x": ((4, 1024), np.dtype(np.float32))}).prefetcher
+    thread = prefetcher._thread
+    assert thread.is_alive()
+    del sess, prefetcher
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_the_cli_takes_a_budget_and_prints_it(tmp_path, capsys):
+    from nnrun.cli import main
+
+    path = tmp_path / "m.onnx"
+    saved(path, mlp())
+    assert main(["--model", str(path), "--memory-budget", "3M", "--weight-cache", str(tmp_path / "c")]) == 0
+    assert "BUDGET" in capsys.readouterr().out
+    assert main(["--model", str(path), "--memory-budget", "4K", "--weight-cache", str(tmp_path / "c")]) == 2
+    assert "BudgetError" in capsys.readouterr().err
+
+
+# --- the budget's value ------------------------------------------------------------------------------
+
+def test_sizes_and_their_errors():
+    assert parse_size("128M") == 128 * MIB and parse_size("96MiB") == 96 * MIB and parse_size("1.5G") == 3 << 29
+    assert resolve_budget(None) is None and resolve_budget(4096) == 4096 and resolve_budget("2K") == 2048
+    for bad in ("lots", "-5M", 0, -1, True):
+        with pytest.raises(nnrun.InputError):
+            resolve_budget(bad)
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_auto_reads_the_tightest_cgroup_limit_v2(tmp_path):
+    root = tmp_path / "sys"
+    write(tmp_path / "cgroup", "0::/box/app\n")
+    write(root / "box" / "app" / "memory.max", "max\n")
+    write(root / "box" / "app" / "memory.current", f"{30 * MIB}\n")
+    write(root / "box" / "memory.max", f"{256 * MIB}\n")
+    write(root / "box" / "memory.current", f"{40 * MIB}\n")
+    found = cgroup_memory(str(tmp_path / "cgroup"), str(root))
+    assert found == (256 * MIB, 40 * MIB)
+    budget = resolve_budget("auto", cgroup=lambda: found)
+    assert budget == 256 * MIB - 40 * MIB - 16 * MIB  # a sixteenth of the limit kept aside
+
+
+def test_auto_reads_cgroup_v1_and_no_limit_means_no_budget(tmp_path):
+    root = tmp_path / "sys"
+    write(tmp_path / "cgroup", "4:memory:/job\n3:cpu:/job\n")
+    write(root / "memory" / "job" / "memory.limit_in_bytes", f"{96 * MIB}\n")
+    write(root / "memory" / "job" / "memory.usage_in_bytes", f"{50 * MIB}\n")
+    write(root / "memory" / "memory.limit_in_bytes", "9223372036854771712\n")
+    write(root / "memory" / "memory.usage_in_bytes", f"{900 * MIB}\n")
+    assert cgroup_memory(str(tmp_path / "cgroup"), str(root)) == (96 * MIB, 50 * MIB)
+    write(root / "memory" / "job" / "memory.limit_in_bytes", "9223372036854771712\n")
+    assert cgroup_memory(str(tmp_path / "cgroup"), str(root)) is None
+    assert resolve_budget("auto", cgroup=lambda: None) is None
+    with pytest.raises(nnrun.InputError, match="leaves nothing"):
+        resolve_budget("auto", cgroup=lambda: (64 * MIB, 60 * MIB))
