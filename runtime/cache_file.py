@@ -112,8 +112,12 @@ def _aligned(offset, nbytes):
 class CacheWriter:
     """Writes arrays into a temporary file beside `path`; `commit` publishes it atomically."""
 
-    def __init__(self, path, key, label="", origin=None):
+    def __init__(self, path, key, label="", origin=None, write_back_bytes=None):
         self.path = os.fspath(path)
+        # Under a memory limit, dirty pages of the file being written count against it until the
+        # disk has them: written back every `write_back_bytes`, they become pages the kernel may drop.
+        self.write_back_bytes = write_back_bytes
+        self._unsynced = 0
         self.key = key
         self.label = label  # what the file is for, shown to people (a model's path); not checked
         self.origin = origin or {}  # the model file's identity when written (its size, mtime); not checked
@@ -139,6 +143,11 @@ class CacheWriter:
         data = memoryview(array).cast("B") if array.nbytes else b""
         self._file.write(data)
         self._offset = start + array.nbytes
+        self._unsynced += array.nbytes
+        if self.write_back_bytes and self._unsynced >= self.write_back_bytes:
+            self._file.flush()
+            os.fdatasync(self._file.fileno())
+            self._unsynced = 0
         self._entries.append({"name": name, "offset": start, "nbytes": array.nbytes, "dtype": array.dtype.str,
                               "shape": list(array.shape), "checksum": checksum(data)})
         self._names.add(name)

@@ -154,14 +154,16 @@ class InferenceSession:
             self._graph = load_model(path_or_bytes)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
+        self._memory_budget = resolve_budget(self._options.memory_budget)
         self._weight_cache = None
         if self._model_path is not None and self._options.weight_cache_dir is not None:
             compile_options = self._options.compile_options()
             self._weight_cache = WeightCache(self._options.weight_cache_dir,
                                              cache_key(self._graph, compile_options.disabled_passes),
                                              label=os.path.abspath(self._model_path),
-                                             origin=model_origin(self._model_path))
-        self._memory_budget = resolve_budget(self._options.memory_budget)
+                                             origin=model_origin(self._model_path),
+                                             write_back_bytes=(min(self._memory_budget // 4, 16 << 20)
+                                                               if self._memory_budget else None))
         # Every plan of this session, the main graph's and its control-flow bodies'.
         self._plans = PlanCache(self._options.compile_options(self._memory_budget), self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once

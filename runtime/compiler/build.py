@@ -491,9 +491,13 @@ def _aligned(value, weight, release, packer=None):
     """
     array = value.array() if isinstance(value, ExternalData) else value
     if isinstance(array, np.ndarray) and not array.flags.aligned:
+        copy = None
         if packer is not None and weight is not None:
-            copy = packer.pack(f"aligned/w{weight.id}", lambda: np.array(array, copy=True))
-        else:
+            # A weight cache writes the bytes straight from the mapping into its file: no
+            # anonymous copy of the weight, ever (a 64 MB one would count against a memory limit).
+            kept = packer.pack(f"aligned/w{weight.id}", lambda: array)
+            copy = kept if isinstance(kept, np.ndarray) and kept.flags.aligned else None
+        if copy is None:
             copy = np.array(array, copy=True)
         release.copied(weight)
         return copy, True

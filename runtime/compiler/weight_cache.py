@@ -119,11 +119,12 @@ def _mtime(path):
 class WeightCache:
     """The packer of one model's plans: values by name, from the cache file or into it."""
 
-    def __init__(self, directory, key, label="", origin=None):
+    def __init__(self, directory, key, label="", origin=None, write_back_bytes=None):
         self.key = key
         self.label = label  # the model's path
         self.origin = origin or {}  # the model file's size and mtime: what tells a superseded file
         self.directory = directory
+        self.write_back_bytes = write_back_bytes  # see CacheWriter: set under a memory budget
         self.path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:32] + ".nnw")
         self.made = 0  # values packed and written this session
         self.held = 0  # values the file already held
@@ -200,7 +201,7 @@ class WeightCache:
         if not isinstance(array, np.ndarray) or array.dtype.str not in DTYPES:
             return array
         if self._writer is None:
-            self._writer = CacheWriter(self.path, self.key, self.label, self.origin)
+            self._writer = CacheWriter(self.path, self.key, self.label, self.origin, self.write_back_bytes)
         if name in self._writer:
             return array
         view = self._writer.add_mapped(name, array)
