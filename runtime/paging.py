@@ -28,6 +28,8 @@ PAGE = mmap.PAGESIZE
 MADV_WILLNEED = 3
 MADV_DONTNEED = 4
 MADV_PAGEOUT = 21
+WILLNEED_CHUNK = 2 << 20
+DIRECT_IO_ALIGNMENT = 4096  # of offsets and lengths in a file opened with O_DIRECT, and of the memory
 
 
 class FileMapping(mmap.mmap):
@@ -101,10 +103,26 @@ class Pager:
         self._fds = {}
         self._lock = threading.Lock()
         self.lock = threading.Lock()  # for callers: a check and a madvise that must not interleave
+
     def willneed(self, region):
-        """Start reading the region's pages in (the kernel reads ahead; this does not wait for it)."""
-        if self._libc is not None:
-            self._libc.madvise(region.address, region.length, MADV_WILLNEED)
+        """Start reading the region's pages in (the kernel reads ahead; this does not wait for it).
+
+        One madvise reads at most the device's readahead limit (a few MiB) of what it is asked
+        for, so a larger region is asked for in chunks; and its pages are then in memory (or being
+        read) when `touch` faults them, which would otherwise read ahead past the region's end.
+        """
+        if self._libc is None:
+            return
+        for start in range(0, region.length, WILLNEED_CHUNK):
+            self._libc.madvise(region.address + start, min(WILLNEED_CHUNK, region.length - start), MADV_WILLNEED)
+
+    def touch(self, region):
+        """Fault every page of the region in, returning once all are in memory (a byte of each page
+        read by numpy, which leaves the GIL to other threads while the faults wait for the disk)."""
+        if self._libc is None or region.length <= 0:
+            return
+        pages = np.frombuffer((ctypes.c_ubyte * region.length).from_address(region.address), np.uint8)
+        np.bitwise_or.reduce(pages[::PAGE])
 
     def drop(self, region):
         """Hand the region's pages back: unmapped, and out of the page cache."""
@@ -147,3 +165,15 @@ class Pager:
 
 
 PAGER = Pager()
+
+
+def storage_bytes():
+    """Bytes this process has had read from storage so far (/proc/self/io), or 0 where unknown."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

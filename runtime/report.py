@@ -200,5 +200,11 @@ def format_table(report):
         lines.append(f"BUDGET     {plan['memory_budget_bytes'] // 1024:>10,} kB   predicted peak "
                      f"{plan['predicted_peak_bytes'] // 1024:>10,} kB   streamed weights "
                      f"{plan['streamed_weights_bytes'] // 1024:>10,} kB   resident "
-                     f"{plan['resident_weights_bytes'] // 1024:,} kB")
+                     f"{plan['resident_weights_bytes'] // 1024:,} kB   spilled activations "
+                     f"{plan.get('spilled_activation_bytes', 0) // 1024:,} kB")
+        if "read_bytes_per_run" in ex:
+            lines.append(f"PER RUN    read {ex['read_bytes_per_run'] // 1024:>10,} kB   stalled "
+                         f"{ex['stalled_ms_per_run']:.1f} ms   spilled "
+                         f"{ex['spill_written_bytes_per_run'] // 1024:,} kB out, "
+                         f"{ex['spill_read_bytes_per_run'] // 1024:,} kB back")
     return "\n".join(lines)

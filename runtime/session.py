@@ -8,6 +8,7 @@ phase's time and memory for `report()`.
 
 import datetime
 import os
+import statistics
 import threading
 import time
 
@@ -131,6 +132,18 @@ def _budget_figures(plan, budget):
             "spilled_activation_bytes": 0, "predicted_peak_bytes": 0}
 
 
+def _with_run_io(phases, runs):
+    """Under a budget, EXECUTE also gives the median per run of what streaming and spilling cost."""
+    if not runs:
+        return phases
+    execute = dict(phases["EXECUTE"])
+    execute["read_bytes_per_run"] = int(statistics.median(r.read_bytes for r in runs))
+    execute["stalled_ms_per_run"] = round(statistics.median(r.stalled_ns for r in runs) / 1e6, 3)
+    execute["spill_written_bytes_per_run"] = int(statistics.median(r.spill_written_bytes for r in runs))
+    execute["spill_read_bytes_per_run"] = int(statistics.median(r.spill_read_bytes for r in runs))
+    return {**phases, "EXECUTE": execute}
+
+
 def _type_name(dtype):
     if dtype is None:
         return "tensor(undefined)"
@@ -169,6 +182,7 @@ class InferenceSession:
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
         self._last = None
         self._last_outputs = {}
+        self._run_io = []  # executor.RunIO of each run under a budget
         if all(v.is_static for v in self._graph.inputs):
             self._executor_for(tuple((v.name, tuple(v.dims), np.dtype(v.dtype))
                                      for v in self._graph.inputs))
@@ -200,6 +214,8 @@ class InferenceSession:
         started = time.perf_counter_ns()
         with self._threads(), self._recorder.phase("EXECUTE"):
             results = executor.run(feeds, profile, trace, stop)
+        if executor.last_io is not None:
+            self._run_io.append(executor.last_io)
         if profile is not None:
             self._profiler.run(executor.plan, profile, started, time.perf_counter_ns())
         self._last = executor.plan
@@ -277,6 +293,7 @@ class InferenceSession:
     def discard_warmup(self):
         """Forget the EXECUTE timings and profiled runs so far (warm-up runs); memory figures stay."""
         self._recorder.discard_times("EXECUTE")
+        self._run_io.clear()
         if self._profiler is not None:
             self._profiler.discard_runs()
 
@@ -302,7 +319,7 @@ class InferenceSession:
             "model": self._model_path if self._model_path else "<bytes>",
             "format": self._graph.format,
             "baseline": {"rss_kb": rec.baseline_kb},
-            "phases": phases,
+            "phases": _with_run_io(phases, self._run_io),
             "peak": {"rss_kb": max(p["rss_kb"] for p in phases.values()),
                      "hwm_kb": max(p["hwm_kb"] for p in phases.values())},
             "plan": {

@@ -656,8 +656,10 @@ CAP_NOTES = [
     "container's memory limit does: the kernel charges every page the process touches (the page cache of "
     "the files it reads included), reclaims clean file pages when the charge nears the limit and kills "
     "the process when it cannot. `vs unlimited` divides the median EXECUTE by the same runtime's "
-    "unlimited row. Major faults: page faults that waited for the disk, per timed run. Peak: the "
-    "cgroup's own high-water mark (interpreter and imports included).",
+    "unlimited row. Major faults: page faults that waited for the disk, per timed run. Read and stalled "
+    "(nnrun under a budget, from its report): bytes read from storage per run, and the time its steps "
+    "waited for streamed weights and spilled activations. Peak: the cgroup's own high-water mark "
+    "(interpreter and imports included).",
 ]
 
 
@@ -674,20 +676,24 @@ def cap_table(records):
         s = rec["summary"]
         if s is None:
             outcome = rec["failures"][-1] if rec["failures"] else (rec["not_run"] or "not run")
-            lines.append(f"| {rec['model']} | {rec['runtime']} | {_cell(outcome)} | — | — | — | "
+            lines.append(f"| {rec['model']} | {rec['runtime']} | {_cell(outcome)} | — | — | — | — | — | "
                          f"{_fmt((cg['peak_bytes'] or 0) / 2 ** 20)} |")
             continue
         good = [r for r in runs if r.get("ok")]
         faults = [r["faults"]["major_per_run"] for r in good if r.get("faults")]
         ratio = _ratio(s["EXECUTE"]["time_ms"], free["summary"]["EXECUTE"]["time_ms"]) \
             if free and free["summary"] else "—"
+        io = [r["nnrun_report"]["phases"]["EXECUTE"] for r in good
+              if "read_bytes_per_run" in r.get("nnrun_report", {}).get("phases", {}).get("EXECUTE", {})]
+        read = _fmt(_median([e["read_bytes_per_run"] / 2 ** 20 for e in io])) if io else "—"
+        stalled = _fmt(_median([e["stalled_ms_per_run"] for e in io])) if io else "—"
         lines.append(f"| {rec['model']} | {rec['runtime']} | completed {len(good)}/{len(rec['repeats'])} | "
-                     f"{_fmt(s['EXECUTE']['time_ms'])} | {ratio} | {_fmt(_median(faults))} | "
+                     f"{_fmt(s['EXECUTE']['time_ms'])} | {ratio} | {_fmt(_median(faults))} | {read} | {stalled} | "
                      f"{_fmt(_median([r['cgroup']['peak_bytes'] / 2 ** 20 for r in good]))} |")
     if not lines:
         return ""
     return "\n".join(["| model | runtime | outcome | EXECUTE median ms | vs unlimited | major faults per run | "
-                      "cgroup peak MB |", "|" + " --- |" * 7] + lines)
+                      "read MB per run | stalled ms per run | cgroup peak MB |", "|" + " --- |" * 9] + lines)
 
 
 def start_table(records):

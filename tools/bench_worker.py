@@ -254,6 +254,8 @@ def measure(job):
             outputs = run_once()
     warmup_ms = list(rec.times["EXECUTE"])
     rec.discard_times("EXECUTE")
+    if nnrun_session is not None:
+        nnrun_session.discard_warmup()  # its per-run read and stall figures: the timed runs'
     faults_before = _major_faults()
     with ForeignCpu() as foreign:
         for _ in range(max(job["runs"], 1)):

@@ -43,22 +43,25 @@ def _overlaps(spans):
     return found
 
 
-def _place(order, spans, sizes, overlaps=None):
+def _place(order, spans, sizes, overlaps=None, alignments=None):
     """Place buffers in `order`, each in the best-fitting gap among those placed that it meets in time."""
     overlaps = overlaps if overlaps is not None else _overlaps(spans)
+    alignments = alignments or {}
     offsets, ends = {}, {}
     top = 0
     for buf in order:
-        size = align(sizes[buf])
+        step = alignments.get(buf, ALIGNMENT)
+        size = align(sizes[buf], step)
         busy = sorted((offsets[o], ends[o]) for o in overlaps[buf] if o in offsets)
         best, best_gap, cursor = None, None, 0
         for o, e in busy:
-            gap = o - cursor
+            start = align(cursor, step)
+            gap = o - start
             if gap >= size and (best_gap is None or gap < best_gap):
-                best, best_gap = cursor, gap
+                best, best_gap = start, gap
             cursor = max(cursor, e)
         if best is None:
-            best = cursor
+            best = align(cursor, step)
         offsets[buf] = best
         ends[buf] = best + size
         top = max(top, best + size)
@@ -81,8 +84,9 @@ def _by_breadth(spans, sizes):
     return order
 
 
-def assign_offsets(spans, sizes, tries=2000, seconds=0.15):
-    """Offsets (64-byte aligned) for every buffer, and the arena size they need."""
+def assign_offsets(spans, sizes, tries=2000, seconds=0.15, alignments=None):
+    """Offsets (64-byte aligned, or as `alignments` says per buffer) for every buffer, and the arena
+    size they need."""
     orders = [
         sorted(spans, key=lambda b: (-sizes[b], spans[b][0])),
         sorted(spans, key=lambda b: (spans[b][0], -sizes[b])),
@@ -94,18 +98,18 @@ def assign_offsets(spans, sizes, tries=2000, seconds=0.15):
     overlaps = _overlaps(spans)
     best = None
     for order in orders:
-        offsets, top = _place(order, spans, sizes, overlaps)
+        offsets, top = _place(order, spans, sizes, overlaps, alignments)
         if best is None or top < best[1]:
             best = (offsets, top, order)
     offsets, top, order = best
     bound = lower_bound(spans, {b: align(sizes[b]) for b in spans})
     if top > bound and len(order) > 1:
         offsets, top = _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries,
-                                     time.perf_counter() + seconds)
+                                     time.perf_counter() + seconds, alignments)
     return offsets, top
 
 
-def _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries, deadline):
+def _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries, deadline, alignments=None):
     rng = random.Random(len(order))
     since_better = 0
     for attempt in range(tries):
@@ -114,7 +118,7 @@ def _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries, dea
         candidate = list(order)
         i, j = rng.randrange(len(order)), rng.randrange(len(order))
         candidate[i], candidate[j] = candidate[j], candidate[i]
-        placed, arena = _place(candidate, spans, sizes, overlaps)
+        placed, arena = _place(candidate, spans, sizes, overlaps, alignments)
         since_better = 0 if arena < top else since_better + 1
         if arena <= top:  # an equal arena is a step along a plateau, towards a smaller one
             order, offsets, top = candidate, placed, arena

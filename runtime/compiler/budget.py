@@ -22,15 +22,20 @@ The least a model can run in is the arena, the weights of the process's own, and
 weight bytes one step reads at once (streamed with no lookahead, a blockable weight as two
 rows); a budget below that fails at PREPARE, naming that step.
 
-Not here yet: activations stay in the arena (none spill), and control-flow bodies keep their
-weights resident.
+When the arena itself does not fit beside the least the weights need, activations spill
+(spill.py): those idle longest leave the arena between two uses, and the arena is placed again
+without them. Streaming comes first because it is cheaper: a weight is read once per run, a
+spilled activation written and read back.
+
+Not here yet: control-flow bodies keep their weights resident.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import BudgetError
 from ..paging import PAGE, region_of
 from ..weights import ExternalData
+from .spill import choose_gaps, least_arena, spill_plan
 
 MAX_LOOKAHEAD = 8
 BLOCK_SHARE = 4  # a blocked weight's block is at most this fraction of the room left for streaming
@@ -57,10 +62,17 @@ class Streaming:
     fixed_bytes: int  # arena and weights of the process's own: held whatever the plan
     predicted_peak_bytes: int  # fixed + resident + the most streamed bytes in memory at one step
     least_bytes: int  # the smallest budget this plan could run in
+    needed: tuple = ()  # per step position: the streamed Regions it is the first to read (waited for)
+    spills: tuple = ()  # spill.Spill: activations out of the arena between two uses
+
+    @property
+    def spilled_activation_bytes(self):
+        return sum(s.nbytes for s in self.spills if s.write)
 
     def summary(self):
         return {"memory_budget_bytes": self.budget_bytes, "resident_weights_bytes": self.resident_weights_bytes,
-                "streamed_weights_bytes": self.streamed_weights_bytes, "spilled_activation_bytes": 0,
+                "streamed_weights_bytes": self.streamed_weights_bytes,
+                "spilled_activation_bytes": self.spilled_activation_bytes, "spills": len(self.spills),
                 "predicted_peak_bytes": self.predicted_peak_bytes, "least_bytes": self.least_bytes,
                 "lookahead_steps": self.lookahead,
                 "blocked_steps": sum(1 for b in self.blocks if b is not None)}
@@ -83,8 +95,9 @@ def _blockable(step, k, array):
             and array.ndim == 2 and array.flags.c_contiguous and array.shape[0] > 1)
 
 
-def plan_streaming(plan, budget_bytes):
-    """The Streaming of `plan` within `budget_bytes`; raises BudgetError below its least."""
+def plan_budget(plan, budget_bytes):
+    """`plan` within `budget_bytes`: its Streaming, and its arena re-placed when activations must
+    spill; raises BudgetError below the least it can run in."""
     n = len(plan.steps)
     uses, sizes, own, arrays, blockable = {}, {}, {}, {}, {}
     for position, step in enumerate(plan.steps):
@@ -100,7 +113,7 @@ def plan_streaming(plan, budget_bytes):
                 blockable.setdefault(region, set()).add(position)
     # A region read by several steps is blocked only if every reader can block it.
     blockable = {r for r, readers in blockable.items() if readers == set(uses[r]) and len(uses[r]) == 1}
-    fixed = plan.arena_bytes + sum(own.values())
+    own_bytes = sum(own.values())
     first = {r: min(p) for r, p in uses.items()}
     last = {r: max(p) for r, p in uses.items()}
 
@@ -122,16 +135,32 @@ def plan_streaming(plan, budget_bytes):
         return out
 
     least_held = held_at(uses, 0, {r: row_bytes(r) + PAGE for r in blockable})
-    least = fixed + max(least_held, default=0)
-    if budget_bytes < least:
-        hungriest = max(range(n), key=lambda p: least_held[p]) if n else 0
-        step = plan.steps[hungriest] if n else None
-        what = (f"step {step.node.name or step.node.op_type!r} ({step.node.op_type}) reads "
-                f"{_mib(least_held[hungriest])} of weights" if step is not None else "no step")
-        raise BudgetError(f"memory budget {_mib(budget_bytes)} is below the least this model can run in, "
-                          f"{_mib(least)}: the arena {_mib(plan.arena_bytes)}, weights in memory of the "
-                          f"process's own {_mib(fixed - plan.arena_bytes)}, and {what} at once")
+    least_weights = max(least_held, default=0)
+    spills = ()
+    least = plan.arena_bytes + own_bytes + least_weights
+    if least > budget_bytes:
+        # Streaming every weight leaves too little room for the arena: activations spill.
+        least_arena_bytes = least_arena(plan)
+        least = min(least, least_arena_bytes + own_bytes + least_weights)
+        chosen = choose_gaps(plan, budget_bytes - own_bytes - least_weights) if budget_bytes >= least else None
+        if chosen is None:
+            hungriest = max(range(n), key=lambda p: least_held[p]) if n else 0
+            step = plan.steps[hungriest] if n else None
+            what = (f"step {step.node.name or step.node.op_type!r} ({step.node.op_type}) reads "
+                    f"{_mib(least_held[hungriest])} of weights" if step is not None else "no step")
+            raise BudgetError(f"memory budget {_mib(budget_bytes)} is below the least this model can run in, "
+                              f"{_mib(least)}: the arena {_mib(least - own_bytes - least_weights)} (with every "
+                              f"idle activation spilled: {_mib(least_arena_bytes)}), weights in memory of the "
+                              f"process's own {_mib(own_bytes)}, and {what} at once")
+        plan, spills = spill_plan(plan, *chosen)
+    fixed = plan.arena_bytes + own_bytes
+    streaming = _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, last, row_bytes, held_at)
+    return replace(plan, streaming=replace(streaming, least_bytes=least, spills=spills))
 
+
+def _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, last, row_bytes, held_at):
+    """Which weights stay resident and when the others are read and dropped (see the module's text)."""
+    n = len(plan.steps)
     # Blocks for the weights that cannot stream whole: at most 1/BLOCK_SHARE of the room beside
     # the arena and the weights of the process's own.
     block_bytes = max(PAGE, (budget_bytes - fixed) // BLOCK_SHARE)
@@ -182,8 +211,11 @@ def plan_streaming(plan, budget_bytes):
         rows = max(1, (size - PAGE) // row_bytes(r))
         ranges = tuple((s, min(s + rows, array.shape[0])) for s in range(0, array.shape[0], rows))
         blocks[first[r]] = Blocks(ranges, tuple(region_of(array[s:e]) for s, e in ranges), r)
+    needed = [[] for _ in range(n)]
+    for r in starts:
+        needed[first[r]].append(r)
     return Streaming(budget_bytes, lookahead, tuple(map(tuple, prefetch)), tuple(map(tuple, drop)), tuple(blocks),
-                     resident_bytes, sum(sizes[r] for r in streamed), fixed, peak, least)
+                     resident_bytes, sum(sizes[r] for r in streamed), fixed, peak, 0, tuple(map(tuple, needed)))
 
 
 def _mib(nbytes):

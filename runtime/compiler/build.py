@@ -13,7 +13,6 @@ from one frozen stage (stages.py) to the next:
 """
 
 import time
-from dataclasses import replace
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from ..weights import ExternalData, is_anonymous, weight_array
 from .arena import assign_offsets
 from .lifetimes import lifetimes, lower_bound
 from .order import topological
-from .budget import plan_streaming
+from .budget import plan_budget
 from .order_search import best_order
 from .passes import PassRunner
 from .plan import (ALIAS, ARENA, CACHED, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer,
@@ -104,8 +103,7 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     if run.enabled("release_weights"):
         run("release_weights", release_unused, weights_in_files, plan.mapped_weights)
     if options.memory_budget is not None:
-        plan = run("plan_budget", lambda plan: replace(plan, streaming=plan_streaming(plan, options.memory_budget)),
-                   plan)
+        plan = run("plan_budget", plan_budget, plan, options.memory_budget)
     stats = dict(plan.stats)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
     stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)

@@ -45,7 +45,8 @@ PASSES = tuple(Pass(*p) for p in (
     ("release_weights", True, "mapped pages of weights no step reads any more are handed back "
                               "(off: they stay mapped)"),
     ("plan_budget", False, "under a memory budget: which weights stay resident and which are read ahead "
-                           "of their steps and dropped after"),
+                           "of their steps and dropped after; which activations spill, the arena placed "
+                           "again without them"),
 ))
 BY_NAME = {p.name: p for p in PASSES}
 SWITCHABLE = tuple(p.name for p in PASSES if p.switchable)

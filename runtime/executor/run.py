@@ -6,6 +6,7 @@ Plan is only read. Kernels write into arena views; nothing allocates per step
 except what a kernel cannot avoid.
 """
 
+import mmap
 import threading
 import time
 
@@ -13,14 +14,20 @@ import numpy as np
 
 from ..errors import ExecutionError, located
 from ..ops.registry import TensorInfo
+from ..paging import DIRECT_IO_ALIGNMENT, storage_bytes
 from .prefetch import Prefetcher
+from .spill import SpillFile
 
 
 class ArenaState:
     """One arena buffer and the slot table with every arena view made once."""
 
     def __init__(self, plan):
-        self.arena = np.empty(plan.arena_bytes, dtype=np.uint8)
+        spills = plan.streaming.spills if plan.streaming is not None else ()
+        if spills:  # page-aligned, for the spill file's direct I/O
+            self.arena = np.frombuffer(mmap.mmap(-1, max(plan.arena_bytes, 1)), np.uint8)[:plan.arena_bytes]
+        else:
+            self.arena = np.empty(plan.arena_bytes, dtype=np.uint8)
         table = [None] * len(plan.slot_names)
         for slot, value in plan.constants.items():
             table[slot] = value.array() if hasattr(value, "array") else value
@@ -28,6 +35,25 @@ class ArenaState:
             nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
             table[a.slot] = self.arena[a.offset:a.offset + nbytes].view(a.dtype).reshape(a.shape)
         self.table = table
+        # Under a budget: each spilled activation's bytes where it is written from and read back to
+        # (whole pages), its view there, and the file it waits in.
+        offset = {a.slot: a.offset for a in plan.arena}
+        pages = [-(-s.nbytes // DIRECT_IO_ALIGNMENT) * DIRECT_IO_ALIGNMENT for s in spills]
+        self.out_bytes = tuple(self.arena[offset[s.slot]:offset[s.slot] + n] for s, n in zip(spills, pages))
+        self.back_bytes = tuple(self.arena[s.offset:s.offset + n] for s, n in zip(spills, pages))
+        self.back = tuple(b[:s.nbytes].view(table[s.slot].dtype).reshape(table[s.slot].shape)
+                          for b, s in zip(self.back_bytes, spills))
+        self.spill_file = SpillFile() if spills else None
+
+
+class RunIO:
+    """What a run under a budget read and waited for."""
+
+    def __init__(self):
+        self.read_bytes = 0  # from storage, by the whole process (/proc/self/io) during the run
+        self.stalled_ns = 0  # waiting for streamed weights and spilled activations
+        self.spill_written_bytes = 0
+        self.spill_read_bytes = 0
 
 
 class Executor:
@@ -42,8 +68,19 @@ class Executor:
         # Kernels of eager steps, kept between runs (their caches, such as a body's plans,
         # survive) and handed to one run at a time.
         self._eager_kernels = {}
-        # Under a memory budget: streamed weights read ahead of their steps and dropped after.
-        self.prefetcher = Prefetcher(plan.streaming) if getattr(plan, "streaming", None) else None
+        # Under a memory budget: streamed weights read ahead of their steps and dropped after,
+        # activations spilled and read back; runs take turns (two arenas would not fit).
+        streaming = getattr(plan, "streaming", None)
+        self.prefetcher = Prefetcher(streaming) if streaming is not None else None
+        self._budgeted = threading.Lock() if streaming is not None else None
+        spills = streaming.spills if streaming is not None else ()
+        self._out_after = [[] for _ in plan.steps]
+        self._back_at = [[] for _ in plan.steps]
+        for i, spill in enumerate(spills):
+            if spill.write:
+                self._out_after[spill.out_after].append(i)
+            self._back_at[spill.back_at].append(i)
+        self.last_io = None  # RunIO of the last run under a budget
 
     def _take(self):
         with self._lock:
@@ -75,6 +112,12 @@ class Executor:
         you keep); `stop_after`, a step position, ends the run after that step, and the
         results then hold only the graph outputs computed by then.
         """
+        if self._budgeted is not None:
+            with self._budgeted:
+                return self._run(feeds, profile, trace, stop_after)
+        return self._run(feeds, profile, trace, stop_after)
+
+    def _run(self, feeds, profile, trace, stop_after):
         plan = self.plan
         state = self._take()
         try:
@@ -85,7 +128,10 @@ class Executor:
                 env[slot] = np.empty(shape, dtype)
             # inf and NaN are values like any other here, as in onnxruntime: no warnings.
             with np.errstate(all="ignore"):
-                self._steps(env, profile, trace, stop_after)
+                if self.prefetcher is None:
+                    self._steps(env, profile, trace, stop_after)
+                else:
+                    self._steps_within_budget(env, state, profile, trace, stop_after)
             results = {}
             for name, slot in plan.outputs:
                 if stop_after is not None and self._producer.get(slot, -1) > stop_after:
@@ -97,14 +143,54 @@ class Executor:
         finally:
             self._give(state)
 
-    def _steps(self, env, profile, trace, stop):
+    def _steps_within_budget(self, env, state, profile, trace, stop):
+        """The steps, with weights streamed and activations spilled around them."""
+        io, prefetcher, spills = RunIO(), self.prefetcher, self.plan.streaming.spills
+        read_before, pending = storage_bytes(), {}
+        prefetcher.start()
+
+        def before(position):
+            prefetcher.before(position)
+            # A write started two steps ago, a read one step ago: the arena bytes are needed now.
+            for key in ((position - 2, "out"), (position - 1, "back")):
+                for i in pending.pop(key, ()):
+                    started = time.perf_counter_ns()
+                    i.result()
+                    io.stalled_ns += time.perf_counter_ns() - started
+            if self._back_at[position]:
+                pending[(position, "back")] = [state.spill_file.read_back(state.back_bytes[i], spills[i].file_offset)
+                                               for i in self._back_at[position]]
+                for i in self._back_at[position]:
+                    env[spills[i].slot] = state.back[i]
+
+        def after(position):
+            prefetcher.after(position)
+            if self._out_after[position]:
+                pending[(position, "out")] = [state.spill_file.write(state.out_bytes[i], spills[i].file_offset)
+                                              for i in self._out_after[position]]
+
+        try:
+            self._steps(env, profile, trace, stop, before, after)
+        finally:
+            for jobs in pending.values():  # a run that ends early: nothing may touch the arena later
+                for job in jobs:
+                    job.exception()
+            io.stalled_ns += prefetcher.stalled_ns
+            io.read_bytes = storage_bytes() - read_before
+            if state.spill_file is not None:
+                io.spill_written_bytes, io.spill_read_bytes = (state.spill_file.written_bytes,
+                                                               state.spill_file.read_bytes)
+                state.spill_file.written_bytes = state.spill_file.read_bytes = 0
+            self.last_io = io
+
+    def _steps(self, env, profile, trace, stop, before=None, after=None):
         clock = time.perf_counter_ns
         prefetcher = self.prefetcher
         for position, step in enumerate(self.plan.steps):
             if stop is not None and position > stop:
                 break
-            if prefetcher is not None:
-                prefetcher.before(position)
+            if before is not None:
+                before(position)
             if profile is not None:
                 started = clock()
             try:
@@ -130,8 +216,8 @@ class Executor:
                         _store(result, outs)
             except Exception as e:  # noqa: BLE001 - every failure must name the node
                 raise located(e, "EXECUTE", None, step.node) from e
-            if prefetcher is not None:
-                prefetcher.after(position)
+            if after is not None:
+                after(position)
             if profile is not None:
                 profile.append((position, started, clock() - started))
             if trace is not None:

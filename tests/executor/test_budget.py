@@ -186,3 +186,119 @@ def test_auto_reads_cgroup_v1_and_no_limit_means_no_budget(tmp_path):
     assert resolve_budget("auto", cgroup=lambda: None) is None
     with pytest.raises(nnrun.InputError, match="leaves nothing"):
         resolve_budget("auto", cgroup=lambda: (64 * MIB, 60 * MIB))
+
+
+# --- activations spilled, and what a run reports -----------------------------------------------------
+
+def long_skip():
+    """x -> a (2 MiB), read again only by the last step; between, 4 MiB activations: the arena's
+    peak holds `a` idle, which spilling can take out."""
+    r = rng(5)
+
+    def w(n, m):
+        return (r.standard_normal((n, m)) / np.sqrt(n)).astype(np.float32)
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="skip"),
+             helper.make_node("MatMul", ["a", "wa"], ["b"], name="narrow"),
+             helper.make_node("MatMul", ["b", "wb"], ["c"], name="wide"),
+             helper.make_node("Tanh", ["c"], ["d"], name="tanh"),
+             helper.make_node("Sigmoid", ["d"], ["e"], name="sigmoid"),
+             helper.make_node("MatMul", ["e", "wc"], ["f"], name="back"),
+             helper.make_node("Add", ["f", "a"], ["y"], name="join")]
+    inits = [("wa", w(256, 16)), ("wb", w(16, 512)), ("wc", w(512, 256))]
+    return make_model(nodes, [("x", (np.float32, [2048, 256]))], [("y", None)], inits)
+
+
+SKIP_X = {"x": rng(8).standard_normal((2048, 256)).astype(np.float32)}
+
+
+def test_an_idle_activation_spills_when_the_arena_does_not_fit(tmp_path, monkeypatch):
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    monkeypatch.setenv("NNRUN_SPILL_DIR", str(spill_dir))
+    model = long_skip()
+    free = session(tmp_path, model)
+    expected = free.run(None, SKIP_X)[0]
+    assert_close(expected, run_onnxruntime(model, SKIP_X)[0])
+    whole = free.plan().arena_bytes
+    sess = session(tmp_path, model, whole + MIB)  # the arena fits beside the weights: nothing spills
+    assert sess.report()["plan"]["spilled_activation_bytes"] == 0
+    sess = session(tmp_path, model, whole)  # beside the 0.5 MiB the weights need at least, it does not
+    plan = sess.plan()
+    spills = plan.streaming.spills
+    assert [s.name for s in spills] == ["a"] and spills[0].nbytes == 2 * MIB
+    assert plan.arena_bytes <= whole - 2 * MIB
+    for _ in range(2):  # the same kernels on the same bytes, moved out and back
+        np.testing.assert_array_equal(sess.run(None, SKIP_X)[0], expected)
+    report = sess.report()
+    assert report["plan"]["spilled_activation_bytes"] == 2 * MIB
+    assert report["plan"]["predicted_peak_bytes"] <= report["plan"]["memory_budget_bytes"]
+    execute = report["phases"]["EXECUTE"]
+    assert execute["spill_written_bytes_per_run"] == execute["spill_read_bytes_per_run"] == 2 * MIB
+    assert list(spill_dir.iterdir()) == []  # the spill file has no name: nothing is left behind
+    # A spilled part lies at a page-aligned offset, whole pages long (direct I/O).
+    assert all(s.offset % 4096 == 0 and s.file_offset % 4096 == 0 for s in spills)
+
+
+def test_a_budget_below_the_arena_with_every_spill_is_refused(tmp_path):
+    model = long_skip()
+    with pytest.raises(nnrun.BudgetError, match=r"with every idle activation spilled: 8\.0 MiB"):
+        session(tmp_path, model, 6 * MIB)
+
+
+def test_resident_weight_bytes_never_exceed_the_prediction(tmp_path):
+    """At every step, what is in memory of the streamed and resident weights (mincore), with the
+    arena and the weights of the process's own, stays within the predicted peak."""
+    model = mlp(hidden=1024, k=2048)
+    x = {"x": rng(3).standard_normal((4, 2048)).astype(np.float32)}
+    for budget in ("6M", "10M", "16M"):
+        sess = session(tmp_path, model, budget)
+        sess.run(None, x)
+        plan = sess.plan()
+        streaming = plan.streaming
+        regions = set()
+        for position, step in enumerate(plan.steps):
+            regions.update(r for r in streaming.prefetch[position])
+            if streaming.blocks[position] is not None:
+                regions.update(streaming.blocks[position].regions)
+        from nnrun.compiler.budget import step_weights
+        from nnrun.paging import region_of
+        regions.update(region_of(a) for step in plan.steps for _, a in step_weights(plan, step)
+                       if region_of(a) is not None)
+        seen = []
+
+        class Options:
+            @staticmethod
+            def trace(step, outputs):
+                seen.append(sum(PAGER.resident_bytes(r) for r in _disjoint(regions)))
+
+        sess.run(None, x, Options)
+        assert seen and streaming.fixed_bytes + max(seen) <= streaming.predicted_peak_bytes, (budget, max(seen))
+
+
+def _disjoint(regions):
+    """The regions, with any that lies inside another left out (a block inside its whole weight)."""
+    ordered = sorted(regions, key=lambda r: (r.address, -r.length))
+    out, end = [], -1
+    for r in ordered:
+        if r.address + r.length <= end:
+            continue
+        out.append(r)
+        end = max(end, r.address + r.length)
+    return out
+
+
+def test_a_run_reports_what_it_read_and_waited_for(tmp_path):
+    from nnrun.executor.spill import MEMORY_FILESYSTEMS, filesystem_of
+
+    sess = session(tmp_path, mlp(), "3M")
+    for _ in range(3):
+        sess.run(None, X)
+    execute = sess.report()["phases"]["EXECUTE"]
+    assert execute["stalled_ms_per_run"] >= 0 and execute["spill_written_bytes_per_run"] == 0
+    streamed = sess.report()["plan"]["streamed_weights_bytes"]
+    if filesystem_of(str(tmp_path)) not in MEMORY_FILESYSTEMS:
+        # Dropped after each run, the streamed weights come from the disk again in the next.
+        assert execute["read_bytes_per_run"] >= streamed // 2
+    from nnrun.report import format_table
+    assert "PER RUN" in format_table(sess.report())
