@@ -14,8 +14,8 @@ first reader as the room left allows (at most MAX_LOOKAHEAD steps), in order of 
 reading overlaps computing.
 
 A weight too large to stream whole (VGG-16's first fully connected weight is 392 MiB) is read in
-blocks of its rows, when its step can work that way (Gemm: a block of B's rows is a block of the
-output's columns, or a partial product): two blocks are in memory at a time, the one in use and
+blocks of its rows, when its step can work that way (Gemm, MatMul: a block of B's rows is a block
+of the output's columns, or a partial product): two blocks are in memory at a time, the one in use and
 the next being read.
 
 The least a model can run in is the arena, the weights of the process's own, and the most
@@ -90,9 +90,17 @@ def step_weights(plan, step):
 
 
 def _blockable(step, k, array):
-    """Whether `step` can read input `k` in blocks of rows: a Gemm's B, as a C-contiguous matrix."""
-    return (step.node.op_type == "Gemm" and step.node.domain in ("", "ai.onnx") and k == 1 and not step.eager
-            and array.ndim == 2 and array.flags.c_contiguous and array.shape[0] > 1)
+    """Whether `step` can read input `k` in blocks of rows: a Gemm's B, or the B of a MatMul whose
+    A is a matrix or a stack of rows, as a C-contiguous matrix."""
+    if (step.node.domain not in ("", "ai.onnx") or k != 1 or step.eager or array.ndim != 2
+            or not array.flags.c_contiguous or array.shape[0] < 2):
+        return False
+    if step.node.op_type == "Gemm":
+        return True
+    if step.node.op_type == "MatMul":
+        a = step.input_values[0] if step.input_values else None
+        return a is not None and a.shape is not None and (len(a.shape) == 2 or step.kernel.stacked is not None)
+    return False
 
 
 def plan_budget(plan, budget_bytes):

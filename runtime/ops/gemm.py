@@ -65,7 +65,7 @@ class Gemm(Kernel):
         if stream is None:
             np.matmul(a.T if self.transA else a, b.T if self.transB else b, out=y)
         else:
-            self._product_in_blocks(stream, a.T if self.transA else a, b, y)
+            product_in_blocks(stream, a.T if self.transA else a, b, y, self.transB)
         if self.alpha != 1:
             np.multiply(y, y.dtype.type(self.alpha), out=y)
         if self.add_c:
@@ -77,18 +77,6 @@ class Gemm(Kernel):
         apply_activation(y, self.activation)
 
 
-    def _product_in_blocks(self, stream, a, b, y):
-        """A' @ B' with B's rows in blocks: with transB, B is (N, K) and a block of rows makes a
-        block of Y's columns; without, B is (K, N) and a block of rows adds a partial product."""
-        for k, (start, end) in enumerate(stream.rows):
-            stream.enter(k)
-            if self.transB:
-                np.matmul(a, b[start:end].T, out=y[:, start:end])
-            elif k == 0:
-                np.matmul(a[:, start:end], b[start:end], out=y)
-            else:
-                y += a[:, start:end] @ b[start:end]
-            stream.leave(k)
 
 
 @register("MatMul", since=1)
@@ -118,11 +106,32 @@ class MatMul(Kernel):
             stacked = ((rows, a.shape[-1]), (rows, b.shape[-1]))
         return Inferred([TensorInfo(shape, a.dtype)], stacked=stacked)
 
-    def run(self, a, b, *, outs, scratch):
+    def run(self, a, b, *, outs, scratch, stream=None):
+        """`stream`, under a memory budget, reads a 2-D B in blocks of its rows (budget.Blocks),
+        each adding a partial product."""
         y = outs[0]
         if self.stacked is not None:
             a_rows, y_rows = self.stacked
-            np.matmul(a.reshape(a_rows), b, out=y.reshape(y_rows))
+            a, y2 = a.reshape(a_rows), y.reshape(y_rows)
         else:
-            np.matmul(a, b, out=y)
+            y2 = y
+        if stream is None:
+            np.matmul(a, b, out=y2)
+        else:
+            product_in_blocks(stream, a, b, y2)
         apply_activation(y, self.activation)
+
+
+def product_in_blocks(stream, a, b, y, trans_b=False):
+    """a @ B (or a @ B.T) with B's rows in blocks, entered before their product and left after:
+    with trans_b, B is (N, K) and a block of rows makes a block of y's columns; without, B is
+    (K, N) and a block of rows adds a partial product."""
+    for k, (start, end) in enumerate(stream.rows):
+        stream.enter(k)
+        if trans_b:
+            np.matmul(a, b[start:end].T, out=y[:, start:end])
+        elif k == 0:
+            np.matmul(a[:, start:end], b[start:end], out=y)
+        else:
+            y += a[:, start:end] @ b[start:end]
+        stream.leave(k)

@@ -302,3 +302,19 @@ def test_a_run_reports_what_it_read_and_waited_for(tmp_path):
         assert execute["read_bytes_per_run"] >= streamed // 2
     from nnrun.report import format_table
     assert "PER RUN" in format_table(sess.report())
+
+
+@pytest.mark.parametrize("a_shape", [(4, 2048), (2, 3, 2048)])
+def test_a_matmul_weight_larger_than_the_budget_is_read_in_blocks(tmp_path, a_shape):
+    r = rng(11)
+    w = (r.standard_normal((2048, 1024)) / 45).astype(np.float32)  # 8 MiB
+    model = make_model([helper.make_node("MatMul", ["a", "w"], ["h"], name="project"),
+                        helper.make_node("Relu", ["h"], ["y"], name="relu")],
+                       [("a", (np.float32, list(a_shape)))], [("y", None)], [("w", w)])
+    feeds = {"a": r.standard_normal(a_shape).astype(np.float32)}
+    sess = session(tmp_path, model, "5M", name=f"matmul{len(a_shape)}.onnx")
+    blocked = [b for b in sess.plan().streaming.blocks if b is not None]
+    assert len(blocked) == 1 and len(blocked[0].rows) > 2
+    for _ in range(2):
+        assert_close(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+    assert all(PAGER.resident_bytes(region) == 0 for region in blocked[0].regions)
