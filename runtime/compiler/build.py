@@ -19,6 +19,7 @@ import numpy as np
 from .. import ops
 from ..cache_file import in_cache_file
 from ..errors import ModelError, UnsupportedOperatorError, located
+from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
 from .arena import assign_offsets
@@ -56,6 +57,9 @@ class CompileOptions:
                 f"order_search_seconds={self.order_search_seconds})")
 
 
+SCRATCH_FLOOR = 256 * 1024  # the least scratch per tile a budget leaves a convolution
+
+
 def default_opset(graph, domain):
     if domain in graph.opsets:
         return graph.opsets[domain]
@@ -70,8 +74,16 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     `constants` (name -> array) are values known at PREPARE besides the graph's
     initializers: a subgraph's captured outer-scope constants. `planner` plans the
     bodies of control-flow nodes (a plan_cache.PlanCache; see ops/control.py); `packer`
-    keeps what kernels pack (`Kernel.pack`; None: in memory).
+    keeps what kernels pack (`Kernel.pack`; None: in memory). Under a memory budget a
+    convolution's scratch per tile is at most a sixteenth of it (4 MiB otherwise).
     """
+    if options.memory_budget is None:
+        return _compile_graph(graph, feeds, options, constants, planner, packer)
+    with scratch_limit(max(SCRATCH_FLOOR, options.memory_budget // 16)):
+        return _compile_graph(graph, feeds, options, constants, planner, packer)
+
+
+def _compile_graph(graph, feeds, options, constants, planner, packer):
     started = time.perf_counter()
     run = PassRunner(options.disabled_passes)
     run("check_supported", check_supported, graph)

@@ -33,6 +33,8 @@ numpy is fast on long contiguous rows and several times slower on short or strid
 ones, which is what these layouts are for.
 """
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 
@@ -41,6 +43,18 @@ import numpy as np
 # Largest scratch buffer (im2col columns, phase planes) one step asks for. The smallest
 # unit of work that needs more gets it: one output row (im2col) or one channel (planes).
 SCRATCH_LIMIT = 4 * 1024 * 1024
+# The limit plans made now take (PREPARE under a memory budget lowers it: `scratch_limit`).
+_SCRATCH_LIMIT = contextvars.ContextVar("nnrun_scratch_limit", default=SCRATCH_LIMIT)
+
+
+@contextlib.contextmanager
+def scratch_limit(nbytes):
+    """Convolution and pooling plans made inside take at most `nbytes` of scratch per tile."""
+    token = _SCRATCH_LIMIT.set(min(SCRATCH_LIMIT, nbytes))
+    try:
+        yield
+    finally:
+        _SCRATCH_LIMIT.reset(token)
 # Output tile of the channels-last tap loops (depthwise, pooling): small enough that the
 # tile stays in L2 while every kernel tap passes over it.
 CACHE_TILE = 256 * 1024
@@ -299,7 +313,7 @@ class ConvPlan:
 
 def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FIRST, scratch_limit=None):
     """Choose the path of a convolution and tile it; raises ValueError on inconsistent channels."""
-    scratch_limit = SCRATCH_LIMIT if scratch_limit is None else scratch_limit
+    scratch_limit = _SCRATCH_LIMIT.get() if scratch_limit is None else scratch_limit
     _check_layout(layout)
     dtype = np.dtype(dtype)
     if group < 1 or c_in % group or c_out % group:
@@ -705,7 +719,7 @@ class TransposePlan:
 
 def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_limit=None):
     """Plan a transposed convolution (channels first); raises ValueError on inconsistent channels."""
-    scratch_limit = SCRATCH_LIMIT if scratch_limit is None else scratch_limit
+    scratch_limit = _SCRATCH_LIMIT.get() if scratch_limit is None else scratch_limit
     dtype = np.dtype(dtype)
     if group < 1 or c_in % group or c_out % group:
         raise ValueError(f"group {group} does not divide {c_in} input and {c_out} output channels")
@@ -827,7 +841,7 @@ class PoolPlan:
 def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, count_include_pad=False,
               batch=1, scratch_limit=None):
     """Plan a max or average pooling of `batch` images of `channels` channels."""
-    scratch_limit = SCRATCH_LIMIT if scratch_limit is None else scratch_limit
+    scratch_limit = _SCRATCH_LIMIT.get() if scratch_limit is None else scratch_limit
     _check_layout(layout)
     if kind not in ("max", "average"):
         raise ValueError(f"pooling {kind!r} is not 'max' or 'average'")

@@ -318,3 +318,16 @@ def test_a_matmul_weight_larger_than_the_budget_is_read_in_blocks(tmp_path, a_sh
     for _ in range(2):
         assert_close(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
     assert all(PAGER.resident_bytes(region) == 0 for region in blocked[0].regions)
+
+
+def test_a_budget_bounds_convolution_scratch(tmp_path):
+    r = rng(12)
+    w = (r.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+                       [("x", (np.float32, [1, 32, 96, 96]))], [("y", None)], [("w", w)])
+    feeds = {"x": r.standard_normal((1, 32, 96, 96)).astype(np.float32)}
+    free = session(tmp_path, model)
+    assert free.plan().steps[0].scratch_bytes > MIB  # im2col of the whole image: 10 MiB, in 4 MiB tiles
+    sess = session(tmp_path, model, 8 * MIB)
+    assert 0 < sess.plan().steps[0].scratch_bytes <= 8 * MIB // 16
+    assert_close(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
