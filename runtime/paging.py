@@ -133,11 +133,28 @@ class Pager:
         # MADV_PAGEOUT leaves mapped a page it cannot isolate (one another CPU has just faulted
         # in): unmap every page, then drop from the page cache what is left.
         self._libc.madvise(region.address, region.length, MADV_DONTNEED)
-        fd = self._fd(region.path) if region.path else None
+        fd = self.fd(region.path) if region.path else None
         if fd is not None:
             os.posix_fadvise(fd, region.file_offset, region.length, os.POSIX_FADV_DONTNEED)
 
-    def _fd(self, path):
+    def direct_fd(self, path):
+        """A descriptor of `path` for direct I/O (O_DIRECT: reads that pass the page cache by, so
+        they leave nothing in memory to drop), kept open; None where the filesystem refuses it."""
+        key = ("direct", path)
+        if key not in self._fds:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0)) if hasattr(os, "O_DIRECT") else None
+            except OSError:
+                fd = None
+            with self._lock:
+                if key in self._fds:
+                    if fd is not None:
+                        os.close(fd)
+                else:
+                    self._fds[key] = fd
+        return self._fds[key]
+
+    def fd(self, path):
         """A descriptor of `path` kept open for posix_fadvise (the file may be renamed into place
         after it was mapped: a weight cache file being written), or None."""
         fd = self._fds.get(path)

@@ -15,8 +15,9 @@ reading overlaps computing.
 
 A weight too large to stream whole (VGG-16's first fully connected weight is 392 MiB) is read in
 blocks of its rows, when its step can work that way (Gemm, MatMul: a block of B's rows is a block
-of the output's columns, or a partial product): two blocks are in memory at a time, the one in use and
-the next being read.
+of the output's columns, or a partial product). A block is read with direct I/O into one of two
+buffers (the one in use, and the next being read), past the page cache, so two blocks' bytes are in
+memory at a time.
 
 The least a model can run in is the arena, the weights of the process's own, and the most
 weight bytes one step reads at once (streamed with no lookahead, a blockable weight as two
@@ -38,7 +39,8 @@ from ..weights import ExternalData
 from .spill import choose_gaps, least_arena, spill_plan
 
 MAX_LOOKAHEAD = 8
-BLOCK_SHARE = 4  # a blocked weight's block is at most this fraction of the room left for streaming
+BLOCK_SHARE = 5  # a blocked weight's block is at most this fraction of the room left for streaming
+BLOCK_COPIES = 2  # a blocked weight in memory: two buffers, the block in use and the next being read
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Blocks:
     rows: tuple  # (start, end) row ranges, in order
     regions: tuple  # the Region of each block
     whole: object  # the Region of the whole weight, dropped once more after the last block
+    spans: tuple = ()  # (offset in the file, bytes) of each block: read with pread into a buffer
+    row_shape: tuple = ()  # the shape of one row
+    dtype: object = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ def plan_budget(plan, budget_bytes):
             uses.setdefault(region, []).append(position)
             sizes[region] = region.length
             arrays[region] = array
-            if _blockable(step, k, array):
+            if region.path is not None and _blockable(step, k, array):
                 blockable.setdefault(region, set()).add(position)
     # A region read by several steps is blocked only if every reader can block it.
     blockable = {r for r, readers in blockable.items() if readers == set(uses[r]) and len(uses[r]) == 1}
@@ -129,11 +134,11 @@ def plan_budget(plan, budget_bytes):
         return arrays[r].nbytes // arrays[r].shape[0]
 
     def held_at(streamed, lookahead, blocked=None):
-        """Per step: bytes of streamed regions in memory while it runs (blocked: two blocks)."""
+        """Per step: bytes of streamed regions in memory while it runs (blocked: BLOCK_COPIES blocks)."""
         blocked = blocked or {}
         delta = [0] * (n + 2)
         for r in streamed:
-            size = 2 * blocked[r] if r in blocked else sizes[r]
+            size = BLOCK_COPIES * blocked[r] if r in blocked else sizes[r]
             delta[max(0, first[r] - lookahead)] += size
             delta[last[r] + 1] -= size
         out, live = [], 0
@@ -142,7 +147,7 @@ def plan_budget(plan, budget_bytes):
             out.append(live)
         return out
 
-    least_held = held_at(uses, 0, {r: row_bytes(r) + PAGE for r in blockable})
+    least_held = held_at(uses, 0, {r: row_bytes(r) + 2 * PAGE for r in blockable})
     least_weights = max(least_held, default=0)
     spills = ()
     least = plan.arena_bytes + own_bytes + least_weights
@@ -176,7 +181,7 @@ def _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, la
     for r in blockable:
         if 2 * sizes[r] > budget_bytes - fixed:
             rows = max(1, block_bytes // row_bytes(r))
-            blocked[r] = rows * row_bytes(r) + PAGE
+            blocked[r] = rows * row_bytes(r) + 2 * PAGE
     streamed = set(uses)
     resident, resident_bytes = set(), 0
     current = held_at(streamed, 1, blocked)
@@ -195,7 +200,7 @@ def _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, la
     room = budget_bytes - fixed - resident_bytes
     held = [0] * (n + 1)
     for r, size in blocked.items():
-        held[first[r]] += 2 * size
+        held[first[r]] += BLOCK_COPIES * size
     starts = {}
     for r in sorted(streamed - set(blocked), key=lambda r: (first[r], -sizes[r])):
         start = first[r]
@@ -216,9 +221,12 @@ def _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, la
     blocks = [None] * n
     for r, size in blocked.items():
         array = arrays[r]
-        rows = max(1, (size - PAGE) // row_bytes(r))
+        rows = max(1, (size - 2 * PAGE) // row_bytes(r))
         ranges = tuple((s, min(s + rows, array.shape[0])) for s in range(0, array.shape[0], rows))
-        blocks[first[r]] = Blocks(ranges, tuple(region_of(array[s:e]) for s, e in ranges), r)
+        base = array.ctypes.data
+        spans = tuple((r.file_offset + base - r.address + s * row_bytes(r), (e - s) * row_bytes(r)) for s, e in ranges)
+        blocks[first[r]] = Blocks(ranges, tuple(region_of(array[s:e]) for s, e in ranges), r, spans,
+                                  tuple(array.shape[1:]), array.dtype)
     needed = [[] for _ in range(n)]
     for r in starts:
         needed[first[r]].append(r)

@@ -13,12 +13,16 @@ The thread holds no reference to the executor: it ends when the executor is coll
 `close()`.
 """
 
+import mmap
+import os
 import queue
 import threading
 import time
 import weakref
 
-from ..paging import PAGER
+import numpy as np
+
+from ..paging import DIRECT_IO_ALIGNMENT, PAGER
 
 
 class Prefetcher:
@@ -92,33 +96,80 @@ class Prefetcher:
 
 
 class BlockStream:
-    """A weight read in blocks of rows by one step (the kernel calls enter and leave per block):
-    entering block k waits for it and asks for block k + 1; leaving it drops it."""
+    """A weight read in blocks of rows by one step (the kernel calls enter and leave per block).
+
+    Entering block k asks for block k + 1 and waits for block k, returning it: the prefetch
+    thread reads each into one of two buffers with direct I/O (O_DIRECT: the page cache is passed
+    by, so nothing is left to drop; measured on this project's machine: 1.3 GB/s, against 1.0
+    faulting the same bytes in through the mapping). Where the filesystem refuses direct I/O, a
+    plain pread, then POSIX_FADV_DONTNEED. The buffers go with the stream when the step ends.
+    """
 
     def __init__(self, blocks, prefetcher):
         self.rows = blocks.rows
-        self.left = 0  # blocks left so far
-        self._regions = blocks.regions
-        self._whole = blocks.whole
+        self._blocks = blocks
         self._prefetcher = prefetcher
         self._pager = prefetcher._pager
-        prefetcher._requests.put((self._regions[:1], lambda region, run: self.left == 0, prefetcher.run))
+        path = blocks.whole.path
+        self._direct = self._pager.direct_fd(path)
+        self._fd = self._direct if self._direct is not None else self._pager.fd(path)
+        if self._fd is None:
+            raise OSError(f"cannot open {path} to read a weight in blocks")
+        self.error = None
+        size = max(n for _, n in blocks.spans) + 2 * DIRECT_IO_ALIGNMENT
+        # Page-aligned memory of our own (mmap), as direct I/O needs.
+        self._buffers = tuple(np.frombuffer(mmap.mmap(-1, size), np.uint8) for _ in range(2))
+        with self._pager.lock:
+            self._pager.drop(blocks.whole)  # pages of it left in memory from before count too
+        self._request(0)
+
+    def _request(self, k):
+        run, read, ready = self._prefetcher.run, self._prefetcher._read, self._prefetcher._ready
+        offset, nbytes = self._blocks.spans[k]
+        start = offset - offset % DIRECT_IO_ALIGNMENT if self._direct is not None else offset
+        length = -(-(offset + nbytes - start) // DIRECT_IO_ALIGNMENT) * DIRECT_IO_ALIGNMENT \
+            if self._direct is not None else nbytes
+        buffer, fd, key = self._buffers[k % 2], self._fd, self._blocks.regions[k]
+
+        def job():
+            try:
+                view, done = memoryview(buffer[:length]), 0
+                while done < offset + nbytes - start:
+                    got = os.preadv(fd, [view[done:]], start + done)
+                    if got <= 0:
+                        raise OSError(f"{self._blocks.whole.path} ended at byte {start + done}, inside a weight")
+                    done += got
+                if self._direct is None:
+                    os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+            except OSError as e:
+                self.error = e  # raised by the step, in its own thread
+            finally:
+                with read:
+                    ready[key] = run
+                    read.notify_all()
+
+        self._prefetcher._requests.put(job)
+        return offset - start
 
     def enter(self, k):
-        if k + 1 < len(self._regions):
-            # Wanted until block k + 1 is left (a read that comes too late is marked ready unread).
-            self._prefetcher._requests.put((self._regions[k + 1:k + 2], lambda region, run, j=k + 1: self.left <= j,
-                                            self._prefetcher.run))
-        self._prefetcher.wait(self._regions[k:k + 1])
+        """Block k of the weight's rows, read (the kernel uses it until `leave(k)`)."""
+        if k + 1 < len(self.rows):
+            self._request(k + 1)  # into the other buffer, which block k - 1 has left
+        self._prefetcher.wait(self._blocks.regions[k:k + 1])
+        if self.error is not None:
+            raise self.error
+        start, end = self.rows[k]
+        offset, nbytes = self._blocks.spans[k]
+        skip = offset % DIRECT_IO_ALIGNMENT if self._direct is not None else 0
+        data = self._buffers[k % 2][skip:skip + nbytes]
+        return data.view(self._blocks.dtype).reshape((end - start,) + self._blocks.row_shape)
 
     def leave(self, k):
-        with self._pager.lock:
-            self.left = k + 1
-            self._pager.drop(self._regions[k])
-            if self.left == len(self._regions):
-                # The page cache holds a file in folios of up to 2 MiB, dropped only whole: one
-                # that straddles two blocks goes only when a drop covers both.
-                self._pager.drop(self._whole)
+        if k + 1 == len(self.rows):
+            # What direct reads pass by is still in memory from before (the weight cache file as
+            # PREPARE wrote it); buffered reads leave pages at the blocks' edges: dropped whole.
+            with self._pager.lock:
+                self._pager.drop(self._blocks.whole)
 
 
 def _read_ahead(requests, pager, read, ready):
@@ -126,6 +177,10 @@ def _read_ahead(requests, pager, read, ready):
         request = requests.get()
         if request is None:
             return
+        if callable(request):  # a block read by a BlockStream (it keeps its own error)
+            request()
+            del request
+            continue
         regions, wanted, run = request
         for region in regions:
             # The check and the request under the pager's lock, so that the run cannot drop the

@@ -127,11 +127,11 @@ def product_in_blocks(stream, a, b, y, trans_b=False):
     with trans_b, B is (N, K) and a block of rows makes a block of y's columns; without, B is
     (K, N) and a block of rows adds a partial product."""
     for k, (start, end) in enumerate(stream.rows):
-        stream.enter(k)
+        rows = stream.enter(k)  # b[start:end], read for this product
         if trans_b:
-            np.matmul(a, b[start:end].T, out=y[:, start:end])
+            np.matmul(a, rows.T, out=y[:, start:end])
         elif k == 0:
-            np.matmul(a[:, start:end], b[start:end], out=y)
+            np.matmul(a[:, start:end], rows, out=y)
         else:
-            y += a[:, start:end] @ b[start:end]
+            y += a[:, start:end] @ rows
         stream.leave(k)

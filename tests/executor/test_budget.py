@@ -14,7 +14,7 @@ from oracle import assert_close, make_model, rng, run_onnxruntime
 
 import nnrun
 from nnrun.memory_limit import cgroup_memory, parse_size, resolve_budget
-from nnrun.paging import PAGER
+from nnrun.paging import PAGER, Region
 
 MIB = 1 << 20
 
@@ -95,15 +95,20 @@ def test_streamed_weights_leave_memory_after_the_run(tmp_path):
 
 
 def test_a_weight_larger_than_the_budget_is_read_in_blocks(tmp_path):
-    model = mlp(hidden=1024, k=2048)  # w1 is 8 MiB
+    model = mlp(hidden=2048, k=2048)  # w1 and w2 are 16 MiB
     x = {"x": rng(3).standard_normal((4, 2048)).astype(np.float32)}
-    sess = session(tmp_path, model, "6M")
+    sess = session(tmp_path, model, "8M")
     plan = sess.plan()
     blocked = [b for b in plan.streaming.blocks if b is not None]
     assert blocked and len(blocked[0].rows) > 2
     assert sess.report()["plan"]["blocked_steps"] == len(blocked)
     assert_close(sess.run(None, x)[0], run_onnxruntime(model, x)[0])
-    assert [PAGER.resident_bytes(r) for b in blocked for r in b.regions] == [0] * sum(len(b.regions) for b in blocked)
+    # Out of memory after the run, but for the page cache folios (up to 2 MiB) at a weight's two
+    # edges, which it shares with the weights around it that stay resident.
+    for b in blocked:
+        edge = 2 * MIB
+        inside = Region(b.whole.address + edge, b.whole.length - 2 * edge, b.whole.path, b.whole.file_offset + edge)
+        assert PAGER.resident_bytes(inside) == 0
 
 
 def test_a_budget_below_the_least_is_refused_naming_what_needs_it(tmp_path):
