@@ -184,6 +184,10 @@ class Pager:
 PAGER = Pager()
 
 
+def round_up(nbytes, alignment):
+    return -(-nbytes // alignment) * alignment
+
+
 def storage_bytes():
     """Bytes this process has had read from storage so far (/proc/self/io), or 0 where unknown."""
     try:

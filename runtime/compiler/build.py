@@ -23,7 +23,7 @@ from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
 from .arena import assign_offsets
-from .lifetimes import lifetimes, lower_bound
+from .lifetimes import lifetimes, live_bytes, lower_bound
 from .order import topological
 from .budget import plan_budget
 from .order_search import best_order
@@ -461,19 +461,6 @@ def build_plan(prepared, buffers, placement, context):
                 dynamic_slots, placement.arena_bytes, lower_bound(placement.spans, buffers.sizes),
                 {"steps": len(steps), "eager_steps": sum(1 for s in steps if s.eager)}, output_infos, live,
                 arena_buffers, tuple(kept.values()))
-
-
-def live_bytes(spans, sizes, n_steps):
-    """Per step position: the bytes of the buffers live across it."""
-    delta = [0] * (n_steps + 2)
-    for buf, (first, last) in spans.items():
-        delta[first] += sizes[buf]
-        delta[min(last, n_steps) + 1] -= sizes[buf]
-    live, out = 0, []
-    for pos in range(n_steps):
-        live += delta[pos]
-        out.append(live)
-    return tuple(out)
 
 
 def _weight_read(name, k, kernel, infos, kept):

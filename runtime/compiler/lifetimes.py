@@ -35,3 +35,16 @@ def lower_bound(spans, sizes):
         live += events[pos]
         peak = max(peak, live)
     return peak
+
+
+def live_bytes(spans, sizes, n_steps):
+    """Per step position: the bytes of the buffers live across it."""
+    delta = [0] * (n_steps + 2)
+    for buf, (first, last) in spans.items():
+        delta[first] += sizes[buf]
+        delta[min(last, n_steps) + 1] -= sizes[buf]
+    live, out = 0, []
+    for pos in range(n_steps):
+        live += delta[pos]
+        out.append(live)
+    return tuple(out)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 
 from ..paging import DIRECT_IO_ALIGNMENT
 from .arena import align, assign_offsets
-from .lifetimes import lower_bound
+from .lifetimes import live_bytes, lower_bound
+from .plan import ArenaBuffer
 
 FILE_ALIGNMENT = DIRECT_IO_ALIGNMENT
 MIN_SPILL_BYTES = 64 * 1024  # smaller activations are not worth a write and a read
@@ -84,15 +85,19 @@ def gaps_of(uses, sizes):
             for u, v in zip(positions, positions[1:]) if v - u >= 4]
 
 
+def cuts_by_buffer(gaps):
+    """Buffer -> its gaps, in order."""
+    found = {}
+    for gap in sorted(gaps, key=lambda g: g.out_after):
+        found.setdefault(gap.buffer, []).append(gap)
+    return found
+
+
 def split_spans(spans, sizes, gaps):
     """The spans, sizes and alignments with every spilled buffer cut at its gaps: part 0 keeps the
     buffer's name, part k is `name#back{k}`; each part is whole pages at a page-aligned offset."""
     out, out_sizes, alignments = dict(spans), dict(sizes), {}
-    by_buffer = {}
-    for gap in gaps:
-        by_buffer.setdefault(gap.buffer, []).append(gap)
-    for buffer, cuts in by_buffer.items():
-        cuts.sort(key=lambda g: g.out_after)
+    for buffer, cuts in cuts_by_buffer(gaps).items():
         first, last = spans[buffer]
         start = first
         for k, gap in enumerate(cuts):
@@ -107,18 +112,6 @@ def split_spans(spans, sizes, gaps):
 
 def _part(buffer, k):
     return buffer if k == 0 else f"{buffer}#back{k}"
-
-
-def _live(spans, sizes, n):
-    delta = [0] * (n + 2)
-    for b, (first, last) in spans.items():
-        delta[first] += sizes[b]
-        delta[min(last, n) + 1] -= sizes[b]
-    out, live = [], 0
-    for p in range(n):
-        live += delta[p]
-        out.append(live)
-    return out
 
 
 def least_arena(plan):
@@ -139,7 +132,7 @@ def choose_gaps(plan, room):
     chosen = []
     target = room
     for _ in range(8):  # each round lowers the target by what the placement missed it by
-        live = _live(spans, sizes, n)
+        live = list(live_bytes(spans, sizes, n))
         for gap in chosen:
             for p in gap.steps:
                 live[p] -= sizes[gap.buffer]
@@ -166,19 +159,13 @@ def choose_gaps(plan, room):
 
 def spill_plan(plan, gaps, split, part_sizes, offsets, top):
     """The plan with its arena re-placed around the spilled gaps, and the Spills the executor runs."""
-    from .build import live_bytes  # the plan's own accounting of live bytes per step
-    from .plan import ArenaBuffer
-
     names = plan.slot_names
     slot_of = {names[a.slot]: a.slot for a in plan.arena}
     arena = tuple(replace(a, offset=offsets[names[a.slot]]) for a in plan.arena)
-    by_buffer = {}
-    for gap in gaps:
-        by_buffer.setdefault(gap.buffer, []).append(gap)
+    nbytes_of = {b.name: b.nbytes for b in plan.buffers}
     spills, file_offset = [], 0
-    for buffer in sorted(by_buffer, key=lambda b: min(g.out_after for g in by_buffer[b])):
-        cuts = sorted(by_buffer[buffer], key=lambda g: g.out_after)
-        nbytes = next(b.nbytes for b in plan.buffers if b.name == buffer)
+    for buffer, cuts in cuts_by_buffer(gaps).items():  # by first gap: the file in the order of writing
+        nbytes = nbytes_of[buffer]
         for k, gap in enumerate(cuts):
             spills.append(Spill(slot_of[buffer], buffer, nbytes, gap.out_after, gap.next_use - 1,
                                 offsets[_part(buffer, k + 1)], file_offset, k == 0))

@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-from ..paging import DIRECT_IO_ALIGNMENT, PAGER
+from ..paging import DIRECT_IO_ALIGNMENT, PAGER, round_up
 
 
 class Prefetcher:
@@ -67,6 +67,10 @@ class Prefetcher:
             started = time.perf_counter_ns()
             self._read.wait_for(lambda: all(self._ready.get(r) == run for r in regions))
             self.stalled_ns += time.perf_counter_ns() - started
+
+    def submit(self, job, key):
+        """Run `job()` on the prefetch thread, then mark `key` ready for this run (see `wait`)."""
+        self._requests.put((job, key, self.run))
 
     def _wanted(self, region, run):
         """Whether the run has not yet passed the region's last reader (else it was dropped already,
@@ -116,7 +120,12 @@ class BlockStream:
         if self._fd is None:
             raise OSError(f"cannot open {path} to read a weight in blocks")
         self.error = None
-        size = max(n for _, n in blocks.spans) + 2 * DIRECT_IO_ALIGNMENT
+        # Per block: where in the file to read from, how much, and where its rows begin in what
+        # is read (direct I/O reads whole aligned pages).
+        alignment = DIRECT_IO_ALIGNMENT if self._direct is not None else 1
+        self._reads = tuple((offset - offset % alignment, round_up(offset % alignment + nbytes, alignment),
+                             offset % alignment) for offset, nbytes in blocks.spans)
+        size = max(length for _, length, _ in self._reads)
         # Page-aligned memory of our own (mmap), as direct I/O needs.
         self._buffers = tuple(np.frombuffer(mmap.mmap(-1, size), np.uint8) for _ in range(2))
         with self._pager.lock:
@@ -124,32 +133,24 @@ class BlockStream:
         self._request(0)
 
     def _request(self, k):
-        run, read, ready = self._prefetcher.run, self._prefetcher._read, self._prefetcher._ready
-        offset, nbytes = self._blocks.spans[k]
-        start = offset - offset % DIRECT_IO_ALIGNMENT if self._direct is not None else offset
-        length = -(-(offset + nbytes - start) // DIRECT_IO_ALIGNMENT) * DIRECT_IO_ALIGNMENT \
-            if self._direct is not None else nbytes
-        buffer, fd, key = self._buffers[k % 2], self._fd, self._blocks.regions[k]
+        start, length, skip = self._reads[k]
+        wanted = skip + self._blocks.spans[k][1]  # the file may end inside the last aligned page
+        buffer, fd = self._buffers[k % 2], self._fd
 
         def job():
             try:
                 view, done = memoryview(buffer[:length]), 0
-                while done < offset + nbytes - start:
+                while done < wanted:
                     got = os.preadv(fd, [view[done:]], start + done)
                     if got <= 0:
                         raise OSError(f"{self._blocks.whole.path} ended at byte {start + done}, inside a weight")
                     done += got
                 if self._direct is None:
-                    os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+                    os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
             except OSError as e:
                 self.error = e  # raised by the step, in its own thread
-            finally:
-                with read:
-                    ready[key] = run
-                    read.notify_all()
 
-        self._prefetcher._requests.put(job)
-        return offset - start
+        self._prefetcher.submit(job, self._blocks.regions[k])
 
     def enter(self, k):
         """Block k of the weight's rows, read (the kernel uses it until `leave(k)`)."""
@@ -159,8 +160,7 @@ class BlockStream:
         if self.error is not None:
             raise self.error
         start, end = self.rows[k]
-        offset, nbytes = self._blocks.spans[k]
-        skip = offset % DIRECT_IO_ALIGNMENT if self._direct is not None else 0
+        skip, nbytes = self._reads[k][2], self._blocks.spans[k][1]
         data = self._buffers[k % 2][skip:skip + nbytes]
         return data.view(self._blocks.dtype).reshape((end - start,) + self._blocks.row_shape)
 
@@ -177,9 +177,11 @@ def _read_ahead(requests, pager, read, ready):
         request = requests.get()
         if request is None:
             return
-        if callable(request):  # a block read by a BlockStream (it keeps its own error)
-            request()
-            del request
+        if callable(request[0]):  # a job (a block read by a BlockStream, which keeps its own error)
+            job, key, run = request
+            job()
+            _mark_ready(read, ready, key, run)
+            del request, job
             continue
         regions, wanted, run = request
         for region in regions:
@@ -194,7 +196,11 @@ def _read_ahead(requests, pager, read, ready):
                 with pager.lock:
                     if not wanted(region, run):  # passed while it was read: hand it back again
                         pager.drop(region)
-            with read:
-                ready[region] = run
-                read.notify_all()
+            _mark_ready(read, ready, region, run)
         del request, regions, wanted  # hold nothing of the executor while waiting
+
+
+def _mark_ready(read, ready, key, run):
+    with read:
+        ready[key] = run
+        read.notify_all()

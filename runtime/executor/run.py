@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ExecutionError, located
 from ..ops.registry import TensorInfo
-from ..paging import DIRECT_IO_ALIGNMENT, storage_bytes
+from ..paging import DIRECT_IO_ALIGNMENT, round_up, storage_bytes
 from .prefetch import Prefetcher
 from .spill import SpillFile
 
@@ -38,7 +38,7 @@ class ArenaState:
         # Under a budget: each spilled activation's bytes where it is written from and read back to
         # (whole pages), its view there, and the file it waits in.
         offset = {a.slot: a.offset for a in plan.arena}
-        pages = [-(-s.nbytes // DIRECT_IO_ALIGNMENT) * DIRECT_IO_ALIGNMENT for s in spills]
+        pages = [round_up(s.nbytes, DIRECT_IO_ALIGNMENT) for s in spills]
         self.out_bytes = tuple(self.arena[offset[s.slot]:offset[s.slot] + n] for s, n in zip(spills, pages))
         self.back_bytes = tuple(self.arena[s.offset:s.offset + n] for s, n in zip(spills, pages))
         self.back = tuple(b[:s.nbytes].view(table[s.slot].dtype).reshape(table[s.slot].shape)
@@ -153,9 +153,9 @@ class Executor:
             prefetcher.before(position)
             # A write started two steps ago, a read one step ago: the arena bytes are needed now.
             for key in ((position - 2, "out"), (position - 1, "back")):
-                for i in pending.pop(key, ()):
+                for job in pending.pop(key, ()):
                     started = time.perf_counter_ns()
-                    i.result()
+                    job.result()
                     io.stalled_ns += time.perf_counter_ns() - started
             if self._back_at[position]:
                 pending[(position, "back")] = [state.spill_file.read_back(state.back_bytes[i], spills[i].file_offset)

@@ -98,10 +98,6 @@ class SpillFile:
                 os.fdatasync(self.fd)
             os.posix_fadvise(self.fd, offset, len(view), os.POSIX_FADV_DONTNEED)
 
-    def close(self):
-        self._io.shutdown(wait=True)
-        os.close(self.fd)
-
     def __del__(self):
         try:
             self._io.shutdown(wait=False)
