@@ -336,3 +336,31 @@ def test_a_budget_bounds_convolution_scratch(tmp_path):
     sess = session(tmp_path, model, 8 * MIB)
     assert 0 < sess.plan().steps[0].scratch_bytes <= 8 * MIB // 16
     assert_close(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+
+
+def test_without_direct_io_blocks_and_spills_go_through_the_page_cache(tmp_path, monkeypatch):
+    """A filesystem that refuses O_DIRECT: blocks are read with pread and dropped from the page
+    cache, spills written through it and synced; the outputs are the same."""
+    from nnrun.paging import Pager
+
+    monkeypatch.setattr(Pager, "direct_fd", lambda self, path: None)
+    monkeypatch.delattr(os, "O_DIRECT")
+    monkeypatch.setenv("NNRUN_SPILL_DIR", str(tmp_path))
+    model = mlp(hidden=2048, k=2048)
+    x = {"x": rng(3).standard_normal((4, 2048)).astype(np.float32)}
+    sess = session(tmp_path, model, "8M")
+    blocked = [b for b in sess.plan().streaming.blocks if b is not None]
+    assert blocked
+    assert_close(sess.run(None, x)[0], run_onnxruntime(model, x)[0])
+    for b in blocked:
+        edge = 2 * MIB
+        inside = Region(b.whole.address + edge, b.whole.length - 2 * edge, b.whole.path, b.whole.file_offset + edge)
+        assert PAGER.resident_bytes(inside) == 0
+
+    skip = long_skip()
+    expected = session(tmp_path, skip, name="skip.onnx").run(None, SKIP_X)[0]
+    spilling = session(tmp_path, skip, 10 * MIB, name="skip.onnx")
+    assert spilling.plan().streaming.spills
+    np.testing.assert_array_equal(spilling.run(None, SKIP_X)[0], expected)
+    executor = spilling._plans.get(spilling.graph, {"x": ((2048, 256), np.dtype(np.float32))})
+    assert executor._free and not executor._free[0].spill_file.direct
