@@ -15,7 +15,8 @@ reading overlaps computing.
 
 A weight too large to stream whole (VGG-16's first fully connected weight is 392 MiB) is read in
 blocks of its rows, when its step can work that way (Gemm, MatMul: a block of B's rows is a block
-of the output's columns, or a partial product). A block is read with direct I/O into one of two
+of the output's columns, or a partial product; Conv of one group: a block of W's output channels
+is a block of the output's channels). A block is read with direct I/O into one of two
 buffers (the one in use, and the next being read), past the page cache, so two blocks' bytes are in
 memory at a time.
 
@@ -41,6 +42,7 @@ from .spill import choose_gaps, least_arena, spill_plan
 MAX_LOOKAHEAD = 8
 BLOCK_SHARE = 5  # a blocked weight's block is at most this fraction of the room left for streaming
 BLOCK_COPIES = 2  # a blocked weight in memory: two buffers, the block in use and the next being read
+_CONVOLUTIONS = {("", "Conv"), ("ai.onnx", "Conv"), ("tflite", "CONV_2D")}  # weights in blocks of output channels
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,15 @@ def step_weights(plan, step):
 
 
 def _blockable(step, k, array):
-    """Whether `step` can read input `k` in blocks of rows: a Gemm's B, or the B of a MatMul whose
-    A is a matrix or a stack of rows, as a C-contiguous matrix."""
-    if (step.node.domain not in ("", "ai.onnx") or k != 1 or step.eager or array.ndim != 2
-            or not array.flags.c_contiguous or array.shape[0] < 2):
+    """Whether `step` can read input `k` in blocks of rows, C-contiguous: a Gemm's B, the B of a
+    MatMul whose A is a matrix or a stack of rows, or the W of a Conv of one group (its rows are
+    output channels), or the filter of a TFLite CONV_2D of one group."""
+    if k != 1 or step.eager or array.ndim < 2 or not array.flags.c_contiguous or array.shape[0] < 2:
+        return False
+    if (step.node.domain, step.node.op_type) in _CONVOLUTIONS:
+        plan = getattr(step.kernel, "plan", None)
+        return plan is not None and plan.group == 1 and plan.method != "depthwise"
+    if step.node.domain not in ("", "ai.onnx") or array.ndim != 2:
         return False
     if step.node.op_type == "Gemm":
         return True

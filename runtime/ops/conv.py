@@ -2,7 +2,8 @@
 
 The kernels decode attributes and check shapes; the numerics are in `conv_core`,
 which TFLite's convolutions share. Weights are used as they lie in the mapped
-file: no kernel here packs anything.
+file: no kernel here packs anything. Under a memory budget a Conv of one group may read
+its weight in blocks of output channels.
 """
 
 from . import conv_core
@@ -59,8 +60,9 @@ class Conv(_ConvBase):
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
         return self.plan.scratch()
 
-    def run(self, x, w, b=None, *, outs, scratch=()):
-        conv_core.conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, self.activation)
+    def run(self, x, w, b=None, *, outs, scratch=(), stream=None):
+        """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
+        conv_core.conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, self.activation, stream)
 
 
 @register("ConvTranspose", since=1)

@@ -386,17 +386,21 @@ def _flat_copy(window, k, t):
     return (slice(None), k, slice(dst0, dst1)), (slice(None), slice(src0, src1))
 
 
-def conv(x, w, bias, out, plan, scratch=None, activation=None):
+def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
     """out = conv(x, w) + bias, then the fused activation, all in `out`.
 
     `x`: (N, Cin, *in) or (N, *in, Cin); `w`: (Cout, Cin/group, *kernel) or
     (Cout, *kernel, Cin/group) by the plan's layout; `bias`: (Cout,) or None;
     `scratch`: a 1-D buffer of at least `plan.scratch_elems` (allocated if None);
-    `activation`: None or (op_type, params) for `activation.apply_activation`.
+    `activation`: None or (op_type, params) for `activation.apply_activation`;
+    `blocks`: None, or (one group only) the weight's output channels in blocks, read
+    under a memory budget (see `conv_in_blocks`).
     """
     _contiguous_out(out)
     if out.size == 0:
         return out
+    if blocks is not None:
+        return conv_in_blocks(x, blocks, bias, out, plan, scratch, activation)
     if plan.method == "depthwise":
         c, multiplier = plan.c_in, plan.c_out // plan.c_in
         kernel = plan.window.kernel
@@ -445,6 +449,71 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None):
             tile_out = out[n, :, r0:r1] if layout == CHANNELS_FIRST else out[n, r0:r1]
             _bias_activation(tile_out, bias, activation, layout, batched=False)
     return out
+
+
+def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
+    """conv with the weight's output channels in blocks (one group): `blocks.rows` are the
+    (start, end) channel ranges, `blocks.enter(k)` gives w[start:end] once read and
+    `blocks.leave(k)` hands it back, so only a block or two of the weight is in memory.
+
+    Each block makes its own channels of the output from the same columns, so the columns
+    are built again per block unless one tile holds the whole image (then once per image).
+    """
+    if plan.group != 1 or plan.method == "depthwise":
+        raise ValueError("only a convolution of one group reads its weight in blocks")
+    layout = plan.layout
+    single = plan.method != "pointwise" and len(plan.tiles) == 1 and out.shape[0] == 1
+    if plan.method != "pointwise" and scratch is None:
+        scratch = np.empty(plan.scratch_elems, plan.dtype)
+    for k, (start, end) in enumerate(blocks.rows):
+        w_block = blocks.enter(k).reshape(end - start, -1)
+        for n in range(out.shape[0]):
+            if layout == CHANNELS_FIRST:
+                out_mat = out[n].reshape(plan.c_out, -1)[start:end]
+            else:
+                out_mat = out[n].reshape(-1, plan.c_out)[:, start:end]
+            if plan.method == "pointwise":
+                x_mat = x[n].reshape(plan.c_in, -1) if layout == CHANNELS_FIRST else x[n].reshape(-1, plan.c_in)
+                _product(w_block, x_mat, out_mat, layout)
+                continue
+            for tile in plan.tiles:
+                cols = _columns(x, n, tile, plan, scratch, built=single and k > 0)
+                r0, r1 = tile.rows
+                rest = math.prod(plan.window.out_spatial[1:])
+                rows = slice(r0 * rest, r1 * rest)
+                _product(w_block, cols, out_mat[:, rows] if layout == CHANNELS_FIRST else out_mat[rows], layout)
+        blocks.leave(k)
+    _bias_activation(out, bias, activation, layout)
+    return out
+
+
+def _columns(x, n, tile, plan, scratch, built=False):
+    """im2col of one tile of image n (one group) in scratch, as a matrix (channels first:
+    (Cin * taps, pixels); last: (pixels, taps * Cin)); `built`: it is there already."""
+    size = math.prod(tile.cols_shape)
+    cols = scratch[:size].reshape(tile.cols_shape)
+    if not built:
+        if plan.method == "gemm-flat":
+            x_n = x[n].reshape(plan.c_in, -1)
+            runs = cols.reshape(plan.c_in, plan.window.taps, -1)
+        else:
+            x_n, runs = x[n], cols
+        for dst, src in tile.copies:
+            runs[dst] = x_n[src]
+        zero = plan.dtype.type(0)
+        for index in tile.zeros:
+            cols[index] = zero
+    if plan.layout == CHANNELS_FIRST:
+        return cols.reshape(plan.c_in * plan.window.taps, -1)
+    return cols.reshape(-1, plan.c_in * plan.window.taps)
+
+
+def _product(w_block, cols, out, layout):
+    """out = w_block @ cols (channels first) or cols @ w_block.T (last)."""
+    if layout == CHANNELS_FIRST:
+        np.matmul(w_block, cols, out=out)
+    else:
+        np.matmul(cols, w_block.T, out=out)
 
 
 def _pointwise(x, w, out, plan):

@@ -325,6 +325,58 @@ def test_a_matmul_weight_larger_than_the_budget_is_read_in_blocks(tmp_path, a_sh
     assert all(PAGER.resident_bytes(region) == 0 for region in blocked[0].regions)
 
 
+@pytest.mark.parametrize("kernel,strides,batch", [(3, 1, 1), (3, 2, 2), (1, 1, 2)])
+def test_a_convolution_weight_larger_than_the_budget_is_read_in_blocks_of_output_channels(
+        tmp_path, kernel, strides, batch):
+    """3x3 stride 1 builds its columns as flat rows, stride 2 per tap, 1x1 is one product: each
+    reads its 4+ MiB weight in blocks of output channels, with bias and a fused Relu."""
+    r = rng(13)
+    c_in = 256 if kernel == 3 else 2048
+    w = (r.standard_normal((512, c_in, kernel, kernel)) / np.sqrt(c_in * kernel * kernel)).astype(np.float32)
+    pad = kernel // 2
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["h"], pads=[pad] * 4, strides=[strides] * 2,
+                                         name="conv"),
+                        helper.make_node("Relu", ["h"], ["y"], name="relu")],
+                       [("x", (np.float32, [batch, c_in, 14, 14]))], [("y", None)],
+                       [("w", w), ("b", r.standard_normal(512).astype(np.float32))])
+    feeds = {"x": r.standard_normal((batch, c_in, 14, 14)).astype(np.float32)}
+    expected = run_onnxruntime(model, feeds)[0]
+    free = session(tmp_path, model).run(None, feeds)[0]
+    sess = session(tmp_path, model, "5M")
+    blocked = [b for b in sess.plan().streaming.blocks if b is not None]
+    assert len(blocked) == 1 and len(blocked[0].rows) > 2 and blocked[0].row_shape == w.shape[1:]
+    for _ in range(2):
+        got = sess.run(None, feeds)[0]
+        assert_close(got, expected)
+        np.testing.assert_allclose(got, free, rtol=1e-5, atol=1e-5 * float(np.abs(free).max()))
+    assert all(PAGER.resident_bytes(region) == 0 for region in blocked[0].regions)
+
+
+def test_a_tflite_filter_larger_than_the_budget_is_read_in_blocks(tmp_path):
+    """CONV_2D's filter (O, H, W, I) in blocks of output channels, against LiteRT."""
+    pytest.importorskip("ai_edge_litert.interpreter")
+    from tflite_model import build_tflite, run_litert
+
+    r = rng(14)
+    x = r.standard_normal((1, 14, 14, 256)).astype(np.float32)
+    w = (r.standard_normal((512, 3, 3, 256)) / 48).astype(np.float32)
+    bias = r.standard_normal(512).astype(np.float32)
+    model = build_tflite("CONV_2D", [("x", x, False), ("w", w, True), ("b", bias, True)], 1,
+                         {"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "RELU"})
+    path = tmp_path / "conv.tflite"
+    with open(path, "wb") as f:
+        f.write(model)
+        f.flush()
+        os.fsync(f.fileno())
+    options = nnrun.SessionOptions()
+    options.memory_budget = "5M"
+    sess = nnrun.InferenceSession(str(path), sess_options=options)
+    blocked = [b for b in sess.plan().streaming.blocks if b is not None]
+    assert len(blocked) == 1 and len(blocked[0].rows) > 2
+    got = sess.run(None, {"x": x})[0]
+    assert_close(got, run_litert(model, [x])[0])
+
+
 def test_a_budget_bounds_convolution_scratch(tmp_path):
     r = rng(12)
     w = (r.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)

@@ -75,8 +75,9 @@ class Conv2D(WindowKernel):
         # depthwise path reads as (C*M, *kernel, 1): no repacking either way.
         return self.plan.scratch()
 
-    def run(self, x, w, bias=None, *, outs, scratch):
-        conv_core.conv(x, w, bias, outs[0], self.plan, scratch[0] if scratch else None, self.activation)
+    def run(self, x, w, bias=None, *, outs, scratch, stream=None):
+        """`stream`, under a memory budget, reads the filter in blocks of output channels."""
+        conv_core.conv(x, w, bias, outs[0], self.plan, scratch[0] if scratch else None, self.activation, stream)
 
 
 @register("DEPTHWISE_CONV_2D", since=1, domain=DOMAIN)
