@@ -7,14 +7,20 @@ with matplotlib (the `plot` extra), which is imported only there.
 
 Weights: what PREPARE made (packed layouts, folded values, aligned copies) is resident from the
 first step; a mapped weight's pages come in at the first step that reads it and stay, as in a
-first run with no memory budget.
+first run with no memory budget. Under a budget the rows follow the budget's plan instead, as its
+predicted peak counts: the weights it keeps resident throughout, the streamed ones from the step
+their read begins to their last reader, and the activations spilled out of the arena meanwhile.
 """
 
 from .compiler.plan import CACHED, MAPPED
 
 
 def memory_timeline(plan):
-    """One row per step: step, node, op, arena_live_bytes, weights_resident_bytes."""
+    """One row per step: step, node, op, arena_live_bytes, weights_resident_bytes, and under a
+    memory budget streamed_weights_bytes (the part of the resident bytes that streams) and
+    spilled_bytes (activations in the spill file, not in the arena)."""
+    if getattr(plan, "streaming", None) is not None:
+        return _budget_timeline(plan, plan.streaming)
     made = {}  # weight name -> bytes, for weights resident from the start
     for step in plan.steps:
         for w in step.weights:
@@ -31,6 +37,18 @@ def memory_timeline(plan):
         rows.append({"step": position, "node": step.name, "op": step.op_type,
                      "arena_live_bytes": plan.live_bytes[position] if plan.live_bytes else 0,
                      "weights_resident_bytes": resident})
+    return rows
+
+
+def _budget_timeline(plan, streaming):
+    kept = streaming.fixed_bytes - plan.arena_bytes + streaming.resident_weights_bytes
+    rows = []
+    for position, (step, streamed, spilled) in enumerate(zip(plan.steps, streaming.streamed_in_memory(),
+                                                            streaming.spilled_out())):
+        rows.append({"step": position, "node": step.name, "op": step.op_type,
+                     "arena_live_bytes": plan.live_bytes[position] if plan.live_bytes else 0,
+                     "weights_resident_bytes": kept + streamed, "streamed_weights_bytes": streamed,
+                     "spilled_bytes": spilled})
     return rows
 
 
@@ -55,11 +73,24 @@ def draw(plan, path, title=""):
     arena = [r["arena_live_bytes"] * mib for r in rows]
     weights = [r["weights_resident_bytes"] * mib for r in rows]
     fig, ax = plt.subplots(figsize=(11, 5))
-    ax.stackplot(steps, weights, arena, labels=["weights resident", "arena live"],
-                 colors=["#9ecae1", "#fd8d3c"], step="mid")
+    streaming = getattr(plan, "streaming", None)
+    if streaming is None:
+        ax.stackplot(steps, weights, arena, labels=["weights resident", "arena live"],
+                     colors=["#9ecae1", "#fd8d3c"], step="mid")
+    else:
+        streamed = [r["streamed_weights_bytes"] * mib for r in rows]
+        kept = [w - s for w, s in zip(weights, streamed)]
+        ax.stackplot(steps, kept, streamed, arena, step="mid", colors=["#9ecae1", "#6baed6", "#fd8d3c"],
+                     labels=["weights kept resident", "weights streamed (read ahead, dropped after)", "arena live"])
+        spilled = [r["spilled_bytes"] * mib for r in rows]
+        if any(spilled):
+            ax.plot(steps, spilled, color="#756bb1", lw=1, label="activations spilled to the file")
+        ax.axhline(streaming.budget_bytes * mib, color="#000000", lw=1,
+                   label=f"memory budget ({streaming.budget_bytes * mib:.1f} MiB)")
     top = [w + a for w, a in zip(weights, arena)]
-    ax.plot(steps, [w + plan.lower_bound_bytes * mib for w in weights], color="#d62728", lw=1,
-            ls="--", label=f"weights + lower bound ({plan.lower_bound_bytes * mib:.2f} MiB)")
+    if streaming is None:
+        ax.plot(steps, [w + plan.lower_bound_bytes * mib for w in weights], color="#d62728", lw=1,
+                ls="--", label=f"weights + lower bound ({plan.lower_bound_bytes * mib:.2f} MiB)")
     if rows:
         peak = max(range(len(rows)), key=lambda i: arena[i])
         named = "\n".join(f"{b.name}: {b.nbytes * mib:.2f} MiB" for b in largest_live(plan, peak))

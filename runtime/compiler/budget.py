@@ -76,6 +76,35 @@ class Streaming:
     def spilled_activation_bytes(self):
         return sum(s.nbytes for s in self.spills if s.write)
 
+    def streamed_in_memory(self):
+        """Per step position: bytes of streamed weights in memory while it runs (read ahead and
+        not yet dropped, or a blocked weight's two buffers), as the predicted peak counts them."""
+        n = len(self.prefetch)
+        delta = [0] * (n + 1)
+        for position in range(n):
+            for region in self.prefetch[position]:
+                delta[position] += region.length
+            for region in self.drop[position]:
+                delta[position + 1] -= region.length
+            blocks = self.blocks[position]
+            if blocks is not None:
+                block = max(length for _, length in blocks.spans) + 2 * PAGE
+                delta[position] += BLOCK_COPIES * block
+                delta[position + 1] -= BLOCK_COPIES * block
+        out, held = [], 0
+        for position in range(n):
+            held += delta[position]
+            out.append(held)
+        return out
+
+    def spilled_out(self):
+        """Per step position: activation bytes out of the arena (in the spill file) while it runs."""
+        out = [0] * len(self.prefetch)
+        for s in self.spills:
+            for position in range(s.out_after + 2, min(s.back_at, len(out))):
+                out[position] += s.nbytes
+        return out
+
     def summary(self):
         return {"memory_budget_bytes": self.budget_bytes, "resident_weights_bytes": self.resident_weights_bytes,
                 "streamed_weights_bytes": self.streamed_weights_bytes,

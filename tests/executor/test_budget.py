@@ -416,3 +416,28 @@ def test_without_direct_io_blocks_and_spills_go_through_the_page_cache(tmp_path,
     np.testing.assert_array_equal(spilling.run(None, SKIP_X)[0], expected)
     executor = spilling._plans.get(spilling.graph, {"x": ((2048, 256), np.dtype(np.float32))})
     assert executor._free and not executor._free[0].spill_file.direct
+
+
+def test_the_memory_timeline_follows_the_budget_plan(tmp_path, monkeypatch):
+    """Rows: the weights kept plus those streamed in memory at each step, as the predicted peak
+    counts them; streamed weights leave again; spilled activations are out of the arena."""
+    from nnrun.timeline import draw, memory_timeline
+
+    sess = session(tmp_path, mlp(hidden=1024, k=2048), "6M")
+    plan = sess.plan()
+    rows = memory_timeline(plan)
+    streamed = [r["streamed_weights_bytes"] for r in rows]
+    assert len(rows) == len(plan.steps) and max(streamed) > 0
+    assert any(b < a for a, b in zip(streamed, streamed[1:]))  # dropped after their last reader
+    streaming = plan.streaming
+    assert max(r["weights_resident_bytes"] for r in rows) + plan.arena_bytes == streaming.predicted_peak_bytes
+    assert all(r["weights_resident_bytes"] + r["arena_live_bytes"] <= streaming.budget_bytes for r in rows)
+
+    monkeypatch.setenv("NNRUN_SPILL_DIR", str(tmp_path))
+    model = long_skip()
+    whole = session(tmp_path, model, name="skip.onnx").plan().arena_bytes
+    spilling = session(tmp_path, model, whole, name="skip.onnx").plan()
+    spilled = [r["spilled_bytes"] for r in memory_timeline(spilling)]
+    assert max(spilled) == 2 * MIB and spilled[0] == spilled[-1] == 0
+    pytest.importorskip("matplotlib", reason="the plot extra is part of the test extra")
+    assert draw(spilling, tmp_path / "t.png").stat().st_size > 0
