@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from ..errors import BudgetError
 from ..paging import PAGE, region_of
 from ..weights import ExternalData
+from .band import band_plan
 from .spill import choose_gaps, least_arena, spill_plan
 
 MAX_LOOKAHEAD = 8
@@ -71,10 +72,13 @@ class Streaming:
     least_bytes: int  # the smallest budget this plan could run in
     needed: tuple = ()  # per step position: the streamed Regions it is the first to read (waited for)
     spills: tuple = ()  # spill.Spill: activations out of the arena between two uses
+    banded: tuple = ()  # per step position: band.BandedStep, or None (the step runs whole)
+    on_disk: tuple = ()  # band.OnDisk: activations that live in the spill file, read and written in bands
+    band_area_bytes: int = 0  # the buffer the banded steps share (part of fixed_bytes)
 
     @property
     def spilled_activation_bytes(self):
-        return sum(s.nbytes for s in self.spills if s.write)
+        return sum(s.nbytes for s in self.spills if s.write) + sum(d.nbytes for d in self.on_disk)
 
     def streamed_in_memory(self):
         """Per step position: bytes of streamed weights in memory while it runs (read ahead and
@@ -103,6 +107,17 @@ class Streaming:
         for s in self.spills:
             for position in range(s.out_after + 2, min(s.back_at, len(out))):
                 out[position] += s.nbytes
+        written, read = {}, {}
+        for position, banded in enumerate(self.banded):
+            if banded is not None:
+                if banded.target is not None:
+                    written[banded.target.slot] = position
+                for source in banded.sources:
+                    if source is not None:
+                        read[source.slot] = position
+        for d in self.on_disk:
+            for position in range(written[d.slot], read[d.slot] + 1):
+                out[position] += d.nbytes
         return out
 
     def summary(self):
@@ -111,7 +126,8 @@ class Streaming:
                 "spilled_activation_bytes": self.spilled_activation_bytes, "spills": len(self.spills),
                 "predicted_peak_bytes": self.predicted_peak_bytes, "least_bytes": self.least_bytes,
                 "lookahead_steps": self.lookahead,
-                "blocked_steps": sum(1 for b in self.blocks if b is not None)}
+                "blocked_steps": sum(1 for b in self.blocks if b is not None),
+                "banded_steps": sum(1 for b in self.banded if b is not None), "band_area_bytes": self.band_area_bytes}
 
 
 def step_weights(plan, step):
@@ -185,26 +201,37 @@ def plan_budget(plan, budget_bytes):
 
     least_held = held_at(uses, 0, {r: row_bytes(r) + 2 * PAGE for r in blockable})
     least_weights = max(least_held, default=0)
-    spills = ()
+    spills, banded, on_disk, band_area = (), (), (), 0
     least = plan.arena_bytes + own_bytes + least_weights
     if least > budget_bytes:
         # Streaming every weight leaves too little room for the arena: activations spill.
+        room = budget_bytes - own_bytes - least_weights
         least_arena_bytes = least_arena(plan)
-        least = min(least, least_arena_bytes + own_bytes + least_weights)
-        chosen = choose_gaps(plan, budget_bytes - own_bytes - least_weights) if budget_bytes >= least else None
-        if chosen is None:
+        chosen = choose_gaps(plan, room) if room >= least_arena_bytes else None
+        # Not even spilling every idle activation is enough: the largest live in the file and
+        # the steps around them run in bands of rows.
+        whole = max(held_at(uses, 0), default=0) - least_weights  # so that no weight need be read in blocks
+        banded_plan, banding, least_banded = band_plan(plan, room, whole) if chosen is None else (None, None, least)
+        least = min(least, least_arena_bytes + own_bytes + least_weights, least_banded + own_bytes + least_weights)
+        if chosen is not None:
+            plan, spills = spill_plan(plan, *chosen)
+        elif banded_plan is not None:
+            plan, (banded, on_disk, band_area) = banded_plan, banding
+            blockable = {r for r in blockable if banded[first[r]] is None}
+        else:
             hungriest = max(range(n), key=lambda p: least_held[p]) if n else 0
             step = plan.steps[hungriest] if n else None
             what = (f"step {step.node.name or step.node.op_type!r} ({step.node.op_type}) reads "
                     f"{_mib(least_held[hungriest])} of weights" if step is not None else "no step")
             raise BudgetError(f"memory budget {_mib(budget_bytes)} is below the least this model can run in, "
                               f"{_mib(least)}: the arena {_mib(least - own_bytes - least_weights)} (with every "
-                              f"idle activation spilled: {_mib(least_arena_bytes)}), weights in memory of the "
+                              f"idle activation spilled: {_mib(least_arena_bytes)}; with activations in the "
+                              f"file and steps in bands: {_mib(least_banded)}), weights in memory of the "
                               f"process's own {_mib(own_bytes)}, and {what} at once")
-        plan, spills = spill_plan(plan, *chosen)
-    fixed = plan.arena_bytes + own_bytes
+    fixed = plan.arena_bytes + own_bytes + band_area
     streaming = _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, last, row_bytes, held_at)
-    return replace(plan, streaming=replace(streaming, least_bytes=least, spills=spills))
+    return replace(plan, streaming=replace(streaming, least_bytes=least, spills=spills, banded=banded,
+                                           on_disk=on_disk, band_area_bytes=band_area))
 
 
 def _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, last, row_bytes, held_at):

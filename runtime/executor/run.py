@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import ExecutionError, located
 from ..ops.registry import TensorInfo
 from ..paging import DIRECT_IO_ALIGNMENT, round_up, storage_bytes
+from .band import run_banded
 from .prefetch import Prefetcher
 from .spill import SpillFile
 
@@ -43,7 +44,12 @@ class ArenaState:
         self.back_bytes = tuple(self.arena[s.offset:s.offset + n] for s, n in zip(spills, pages))
         self.back = tuple(b[:s.nbytes].view(table[s.slot].dtype).reshape(table[s.slot].shape)
                           for b, s in zip(self.back_bytes, spills))
-        self.spill_file = SpillFile() if spills else None
+        # Under a budget that bands steps: the band area they share, and the file holds the
+        # activations that live there.
+        streaming = plan.streaming
+        area = streaming.band_area_bytes if streaming is not None else 0
+        self.band_area = np.frombuffer(mmap.mmap(-1, area), np.uint8) if area else None
+        self.spill_file = SpillFile() if spills or area else None
 
 
 class RunIO:
@@ -169,8 +175,11 @@ class Executor:
                 pending[(position, "out")] = [state.spill_file.write(state.out_bytes[i], spills[i].file_offset)
                                               for i in self._out_after[position]]
 
+        def banded(position, step):
+            run_banded(step, self.plan.streaming.banded[position], env, state.band_area, state.spill_file, io)
+
         try:
-            self._steps(env, profile, trace, stop, before, after)
+            self._steps(env, profile, trace, stop, before, after, banded if state.band_area is not None else None)
         finally:
             for jobs in pending.values():  # a run that ends early: nothing may touch the arena later
                 for job in jobs:
@@ -183,9 +192,11 @@ class Executor:
                 state.spill_file.written_bytes = state.spill_file.read_bytes = 0
             self.last_io = io
 
-    def _steps(self, env, profile, trace, stop, before=None, after=None):
+    def _steps(self, env, profile, trace, stop, before=None, after=None, banded=None):
+        """The steps in order; `banded(position, step)` runs those the budget put in bands."""
         clock = time.perf_counter_ns
         prefetcher = self.prefetcher
+        in_bands = self.plan.streaming.banded if banded is not None else ()
         for position, step in enumerate(self.plan.steps):
             if stop is not None and position > stop:
                 break
@@ -196,6 +207,8 @@ class Executor:
             try:
                 if step.alias_of >= 0:
                     env[step.outputs[0]] = env[step.alias_of].reshape(step.alias_shape)
+                elif in_bands and in_bands[position] is not None:
+                    banded(position, step)
                 elif step.eager:
                     kernel = self._take_kernel(position, step)
                     try:

@@ -6,7 +6,9 @@ file: no kernel here packs anything. Under a memory budget a Conv of one group m
 its weight in blocks of output channels.
 """
 
-from . import conv_core
+from dataclasses import replace
+
+from . import bands, conv_core
 from .registry import Inferred, Kernel, TensorInfo, register
 
 
@@ -64,6 +66,19 @@ class Conv(_ConvBase):
         """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
         conv_core.conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, self.activation, stream)
 
+    def band_granule(self):
+        return 1 if bands.windowed(self.window) else 0
+
+    def band(self, r0, r1, scratch_limit):
+        a, b, window = bands.window_band(self.window, r0, r1)
+        plan = conv_core.conv_plan(window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype,
+                                   scratch_limit=scratch_limit)
+        activation = self.activation
+
+        def run(args, out, scratch):
+            conv_core.conv(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch, activation)
+        return bands.Band((r0, r1), ((a, b),) + (None,) * (len(self.node.inputs) - 1), run, plan.scratch_elems)
+
 
 @register("ConvTranspose", since=1)
 class ConvTranspose(_ConvBase):
@@ -90,3 +105,26 @@ class ConvTranspose(_ConvBase):
     def run(self, x, w, b=None, *, outs, scratch=()):
         conv_core.conv_transpose(x, w, b, outs[0], self.plan, scratch[0] if scratch else None,
                                  self.activation)
+
+    def band_granule(self):
+        """Bands only where each input row makes its own `stride` output rows (kernel = stride, no
+        padding or dilation along the rows: a U-Net's upsampling)."""
+        w = self.window
+        s = w.strides[0]
+        if (len(w.in_spatial) != 2 or w.kernel[0] != s or w.dilations[0] != 1 or w.pads_begin[0]
+                or w.pads_end[0] or w.in_spatial[0] != w.out_spatial[0] * s):
+            return 0
+        return s
+
+    def band(self, r0, r1, scratch_limit):
+        w, s = self.window, self.window.strides[0]
+        a, b = r0 // s, -(-r1 // s)
+        window = replace(w, in_spatial=((b - a) * s,) + w.in_spatial[1:], out_spatial=(b - a,) + w.out_spatial[1:])
+        plan = conv_core.conv_transpose_plan(window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype,
+                                             scratch_limit=scratch_limit)
+        activation = self.activation
+
+        def run(args, out, scratch):
+            conv_core.conv_transpose(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch,
+                                     activation)
+        return bands.Band((r0, r1), ((a, b),) + (None,) * (len(self.node.inputs) - 1), run, plan.scratch_elems)

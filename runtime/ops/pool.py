@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import conv_core
+from . import bands, conv_core
 from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
 
 
@@ -45,12 +45,28 @@ class _WindowPool(Kernel):
         return Inferred([TensorInfo((x.shape[0], x.shape[1], *window.out_spatial), x.dtype)], window=window)
 
     def prepare(self, x):
+        self.channels = x.shape[1]
         self.plan = conv_core.pool_plan(self.window, self.kind, x.shape[1], x.dtype,
                                         count_include_pad=bool(self.count_include_pad), batch=x.shape[0])
         return self.plan.scratch()
 
     def run(self, x, *, outs, scratch=()):
         conv_core.pool(x, outs[0], self.plan, scratch[0] if scratch else None)
+
+    def band_granule(self):
+        # A ceil_mode window counting its padding would count the band's made-up end padding.
+        if self.kind not in ("max", "average") or (self.count_include_pad and self.ceil_mode):
+            return 0
+        return 1 if bands.windowed(self.window) else 0
+
+    def band(self, r0, r1, scratch_limit):
+        a, b, window = bands.window_band(self.window, r0, r1)
+        plan = conv_core.pool_plan(window, self.kind, self.channels, self.plan.dtype,
+                                   count_include_pad=bool(self.count_include_pad), scratch_limit=scratch_limit)
+
+        def run(args, out, scratch):
+            conv_core.pool(args[0], out, plan, scratch)
+        return bands.Band((r0, r1), ((a, b),), run, plan.scratch_elems)
 
 
 @register("MaxPool", since=1)

@@ -213,6 +213,15 @@ class Kernel:
     def run(self, *inputs, outs, scratch):
         raise NotImplementedError
 
+    def band_granule(self):
+        """0, or (prepared) the multiple of rows in which the kernel can make its output's rows
+        (axis 2 of NCHW) in bands, each from a band of the rows of its inputs (see `band`)."""
+        return 0
+
+    def band(self, r0, r1, scratch_limit):
+        """The Band that makes output rows [r0, r1) (bands.Band); only when band_granule() > 0."""
+        raise NotImplementedError
+
 
 def node_digest(node):
     """A digest of a node's op and attributes (subgraphs named only by their being there): a

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ExecutionError, ModelError
 from . import exotic_types
+from .bands import Band
 from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
 from .shape import int_list, known_value, normalize_axes, normalize_axis, onnx_dtype, sane_shape
 
@@ -84,10 +85,18 @@ class Concat(Kernel):
             total += info.shape[axis_]
         shape = list(first.shape)
         shape[axis_] = total
-        return Inferred([TensorInfo(tuple(shape), first.dtype)], axis_=axis_)
+        return Inferred([TensorInfo(tuple(shape), first.dtype)], axis_=axis_, rank_=rank)
 
     def run(self, *inputs, outs, scratch):
         np.concatenate(inputs, axis=self.axis_, out=outs[0])
+
+    def band_granule(self):
+        return 1 if self.rank_ == 4 and self.axis_ == 1 else 0  # channels of NCHW tensors
+
+    def band(self, r0, r1, scratch_limit):
+        def run(args, out, scratch):
+            np.concatenate(args, axis=1, out=out)
+        return Band((r0, r1), ((r0, r1),) * len(self.node.inputs), run)
 
 
 @register("Split", since=2)
