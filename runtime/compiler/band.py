@@ -263,7 +263,8 @@ def _banded_step(plan, step, granule, on_disk, area):
         else:
             high = middle - 1
     rows = low * granule
-    bands = tuple(step.kernel.band(r0, min(height, r0 + rows), scratch_limit) for r0 in range(0, height, rows))
+    plans = {}
+    bands = tuple(step.kernel.band(r0, min(height, r0 + rows), scratch_limit, plans) for r0 in range(0, height, rows))
     most = {}
     for band in bands:
         for k, reads in enumerate(band.reads):

@@ -8,6 +8,10 @@ output rows [r0, r1): which rows of each input that band reads (a window's halo 
 how to compute it from those rows alone, with its own plan (a window cut to the band, its padding
 only where the band meets the tensor's edge).
 
+Bands of one step mostly share their geometry (all but the first and the last read the same
+number of rows with no padding), so `band` takes a dict in which it keeps the plans it made, by
+window: one plan serves every band alike.
+
 A band runs on contiguous arrays of one image: `run(args, out, scratch)` where args[i] is input
 i's rows `reads[i]` as (1, C, rows, W), or the whole input where `reads[i]` is None (a weight),
 `out` is (1, C', r1 - r0, W') and `scratch` holds `scratch_elems` of the dtype.
@@ -24,6 +28,15 @@ class Band:
     reads: tuple  # per input: (start, end) of its rows the band reads, or None (read whole)
     run: object  # run(args, out, scratch)
     scratch_elems: int = 0
+
+
+def cached(plans, key, make):
+    """plans[key], made by make() the first time (`plans` None: no keeping)."""
+    if plans is None:
+        return make()
+    if key not in plans:
+        plans[key] = make()
+    return plans[key]
 
 
 def window_band(window, r0, r1):

@@ -69,10 +69,10 @@ class Conv(_ConvBase):
     def band_granule(self):
         return 1 if bands.windowed(self.window) else 0
 
-    def band(self, r0, r1, scratch_limit):
+    def band(self, r0, r1, scratch_limit, plans=None):
         a, b, window = bands.window_band(self.window, r0, r1)
-        plan = conv_core.conv_plan(window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype,
-                                   scratch_limit=scratch_limit)
+        plan = bands.cached(plans, (window, scratch_limit), lambda: conv_core.conv_plan(
+            window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype, scratch_limit=scratch_limit))
         activation = self.activation
 
         def run(args, out, scratch):
@@ -116,12 +116,12 @@ class ConvTranspose(_ConvBase):
             return 0
         return s
 
-    def band(self, r0, r1, scratch_limit):
+    def band(self, r0, r1, scratch_limit, plans=None):
         w, s = self.window, self.window.strides[0]
         a, b = r0 // s, -(-r1 // s)
         window = replace(w, in_spatial=((b - a) * s,) + w.in_spatial[1:], out_spatial=(b - a,) + w.out_spatial[1:])
-        plan = conv_core.conv_transpose_plan(window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype,
-                                             scratch_limit=scratch_limit)
+        plan = bands.cached(plans, (window, scratch_limit), lambda: conv_core.conv_transpose_plan(
+            window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype, scratch_limit=scratch_limit))
         activation = self.activation
 
         def run(args, out, scratch):

@@ -59,10 +59,11 @@ class _WindowPool(Kernel):
             return 0
         return 1 if bands.windowed(self.window) else 0
 
-    def band(self, r0, r1, scratch_limit):
+    def band(self, r0, r1, scratch_limit, plans=None):
         a, b, window = bands.window_band(self.window, r0, r1)
-        plan = conv_core.pool_plan(window, self.kind, self.channels, self.plan.dtype,
-                                   count_include_pad=bool(self.count_include_pad), scratch_limit=scratch_limit)
+        plan = bands.cached(plans, (window, scratch_limit), lambda: conv_core.pool_plan(
+            window, self.kind, self.channels, self.plan.dtype, count_include_pad=bool(self.count_include_pad),
+            scratch_limit=scratch_limit))
 
         def run(args, out, scratch):
             conv_core.pool(args[0], out, plan, scratch)

@@ -218,8 +218,9 @@ class Kernel:
         (axis 2 of NCHW) in bands, each from a band of the rows of its inputs (see `band`)."""
         return 0
 
-    def band(self, r0, r1, scratch_limit):
-        """The Band that makes output rows [r0, r1) (bands.Band); only when band_granule() > 0."""
+    def band(self, r0, r1, scratch_limit, plans=None):
+        """The Band that makes output rows [r0, r1) (bands.Band); only when band_granule() > 0.
+        `plans`: a dict where the kernel keeps the plans of its bands, shared by bands alike."""
         raise NotImplementedError
 
 

@@ -93,7 +93,7 @@ class Concat(Kernel):
     def band_granule(self):
         return 1 if self.rank_ == 4 and self.axis_ == 1 else 0  # channels of NCHW tensors
 
-    def band(self, r0, r1, scratch_limit):
+    def band(self, r0, r1, scratch_limit, plans=None):
         def run(args, out, scratch):
             np.concatenate(args, axis=1, out=out)
         return Band((r0, r1), ((r0, r1),) * len(self.node.inputs), run)
