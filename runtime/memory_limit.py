@@ -77,6 +77,17 @@ def _read_int(path):
     return int(text) if text.isdigit() else None
 
 
+def auto_budget_now(cgroup=cgroup_memory):
+    """What 'auto' leaves now (the cgroup's limit less what it holds already and the margin), or
+    None without a limit: read again once the model is compiled, so that what loading and
+    compiling took counts as baseline too."""
+    found = cgroup()
+    if found is None:
+        return None
+    limit, usage = found
+    return limit - usage - max(AUTO_MARGIN, int(limit * AUTO_MARGIN_SHARE))
+
+
 def resolve_budget(value, cgroup=cgroup_memory):
     """The budget in bytes for SessionOptions.memory_budget `value` (None: no budget)."""
     if value is None:
@@ -86,7 +97,7 @@ def resolve_budget(value, cgroup=cgroup_memory):
         if found is None:
             return None  # no limit anywhere: nothing to stay within
         limit, usage = found
-        budget = limit - usage - max(AUTO_MARGIN, int(limit * AUTO_MARGIN_SHARE))
+        budget = auto_budget_now(lambda: found)
         if budget <= 0:
             raise InputError(f"memory_budget 'auto': the cgroup limit of {limit / 2 ** 20:,.1f} MiB leaves "
                              f"nothing beyond the {usage / 2 ** 20:,.1f} MiB in use already")

@@ -66,8 +66,8 @@ class SessionOptions:
         # never cached: they have no file whose identity could be checked cheaply.
         self.weight_cache_dir = default_cache_directory()
 
-    def compile_options(self, memory_budget=None):
-        return CompileOptions(self.disabled_passes, self.order_search_seconds, memory_budget,
+    def compile_options(self, memory_budget=None, memory_budget_auto=False):
+        return CompileOptions(self.disabled_passes, self.order_search_seconds, memory_budget, memory_budget_auto,
                               fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
                               fuse_activations=self.fuse_activations,
                               memory_aware_order=self.memory_aware_order,
@@ -178,7 +178,9 @@ class InferenceSession:
                                              write_back_bytes=(min(self._memory_budget // 4, 16 << 20)
                                                                if self._memory_budget else None))
         # Every plan of this session, the main graph's and its control-flow bodies'.
-        self._plans = PlanCache(self._options.compile_options(self._memory_budget), self._weight_cache)
+        asked = self._options.memory_budget
+        auto = isinstance(asked, str) and asked.strip().lower() == "auto" and self._memory_budget is not None
+        self._plans = PlanCache(self._options.compile_options(self._memory_budget, auto), self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
         self._last = None
         self._last_outputs = {}

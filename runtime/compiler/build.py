@@ -12,6 +12,7 @@ from one frozen stage (stages.py) to the next:
     build_plan, release_weights                                the Plan; mapped pages back
 """
 
+import math
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from .. import ops
 from ..cache_file import in_cache_file
 from ..errors import ModelError, UnsupportedOperatorError, located
+from ..memory_limit import auto_budget_now
 from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
@@ -43,7 +45,8 @@ FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this large...
 class CompileOptions:
     """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
 
-    def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, **switches):
+    def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, memory_budget_auto=False,
+                 **switches):
         disabled = set(disabled_passes)
         for name, on in switches.items():
             if not on:
@@ -51,6 +54,9 @@ class CompileOptions:
         self.disabled_passes = frozenset(disabled)
         self.order_search_seconds = order_search_seconds  # the memory-optimal order's time budget
         self.memory_budget = memory_budget  # bytes beyond the baseline, or None: no budget
+        # 'auto': settled again before plan_budget, from what the cgroup holds once the model is
+        # compiled, less two sets of graph outputs (a caller holds the last run's while the next runs).
+        self.memory_budget_auto = memory_budget_auto
 
     def __repr__(self):
         return (f"CompileOptions(disabled_passes={sorted(self.disabled_passes)}, "
@@ -115,7 +121,13 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
     if run.enabled("release_weights"):
         run("release_weights", release_unused, weights_in_files, plan.mapped_weights)
     if options.memory_budget is not None:
-        plan = run("plan_budget", plan_budget, plan, options.memory_budget)
+        budget = options.memory_budget
+        if options.memory_budget_auto:
+            now = auto_budget_now()
+            outputs = sum(math.prod(shape) * np.dtype(dtype).itemsize
+                          for shape, dtype in filter(None, plan.output_infos))
+            budget = max(1, min(budget, now if now is not None else budget) - 2 * outputs)
+        plan = run("plan_budget", plan_budget, plan, budget)
     stats = dict(plan.stats)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]
     stats["weights_mapped_bytes"] = sum(w.nbytes for w in mapped)

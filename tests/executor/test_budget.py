@@ -504,3 +504,22 @@ def test_activations_larger_than_the_budget_live_in_the_file_and_their_steps_run
         assert execute["spill_written_bytes_per_run"] == in_file  # each written once, band by band
         assert execute["spill_read_bytes_per_run"] >= in_file  # and read at least once (halos twice)
     assert list(spill_dir.iterdir()) == []
+
+
+def test_auto_is_settled_once_the_model_is_compiled(tmp_path, monkeypatch):
+    """'auto' is read again before the budget is planned (what loading and compiling took is baseline
+    too), less two sets of graph outputs (the caller's last ones and the run's)."""
+    import nnrun.compiler.build as build
+
+    path = tmp_path / "m.onnx"
+    saved(path, mlp())
+    monkeypatch.setattr("nnrun.session.resolve_budget", lambda value: 64 * MIB)
+    monkeypatch.setattr(build, "auto_budget_now", lambda: 5 * MIB)
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = str(tmp_path / "cache")
+    options.memory_budget = "auto"
+    sess = nnrun.InferenceSession(str(path), sess_options=options)
+    outputs = 4 * 10 * 4  # y: (4, 10) float32
+    assert sess.report()["plan"]["memory_budget_bytes"] == 5 * MIB - 2 * outputs
+    options.memory_budget = 64 * MIB  # a number is taken as it is
+    assert nnrun.InferenceSession(str(path), sess_options=options).report()["plan"]["memory_budget_bytes"] == 64 * MIB
