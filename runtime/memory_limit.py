@@ -77,15 +77,16 @@ def _read_int(path):
     return int(text) if text.isdigit() else None
 
 
-def auto_budget_now(cgroup=cgroup_memory):
-    """What 'auto' leaves now (the cgroup's limit less what it holds already and the margin), or
-    None without a limit: read again once the model is compiled, so that what loading and
-    compiling took counts as baseline too."""
-    found = cgroup()
-    if found is None:
-        return None
-    limit, usage = found
-    return limit - usage - max(AUTO_MARGIN, int(limit * AUTO_MARGIN_SHARE))
+def anonymous_bytes():
+    """The process's anonymous resident memory (RssAnon): what no reclaim can take back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def resolve_budget(value, cgroup=cgroup_memory):
@@ -97,7 +98,7 @@ def resolve_budget(value, cgroup=cgroup_memory):
         if found is None:
             return None  # no limit anywhere: nothing to stay within
         limit, usage = found
-        budget = auto_budget_now(lambda: found)
+        budget = limit - usage - max(AUTO_MARGIN, int(limit * AUTO_MARGIN_SHARE))
         if budget <= 0:
             raise InputError(f"memory_budget 'auto': the cgroup limit of {limit / 2 ** 20:,.1f} MiB leaves "
                              f"nothing beyond the {usage / 2 ** 20:,.1f} MiB in use already")

@@ -22,7 +22,7 @@ from .compiler.weight_cache import default_directory as default_cache_directory
 from .errors import InputError, NnrunError
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
-from .memory_limit import resolve_budget
+from .memory_limit import anonymous_bytes, resolve_budget
 from .plan_cache import PlanCache
 from .report import PhaseRecorder
 
@@ -66,7 +66,7 @@ class SessionOptions:
         # never cached: they have no file whose identity could be checked cheaply.
         self.weight_cache_dir = default_cache_directory()
 
-    def compile_options(self, memory_budget=None, memory_budget_auto=False):
+    def compile_options(self, memory_budget=None, memory_budget_auto=None):
         return CompileOptions(self.disabled_passes, self.order_search_seconds, memory_budget, memory_budget_auto,
                               fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
                               fuse_activations=self.fuse_activations,
@@ -167,6 +167,7 @@ class InferenceSession:
             self._graph = load_model(path_or_bytes)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
+        anonymous_at = anonymous_bytes()
         self._memory_budget = resolve_budget(self._options.memory_budget)
         self._weight_cache = None
         if self._model_path is not None and self._options.weight_cache_dir is not None:
@@ -180,7 +181,8 @@ class InferenceSession:
         # Every plan of this session, the main graph's and its control-flow bodies'.
         asked = self._options.memory_budget
         auto = isinstance(asked, str) and asked.strip().lower() == "auto" and self._memory_budget is not None
-        self._plans = PlanCache(self._options.compile_options(self._memory_budget, auto), self._weight_cache)
+        self._plans = PlanCache(self._options.compile_options(self._memory_budget, anonymous_at if auto else None),
+                                self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
         self._last = None
         self._last_outputs = {}

@@ -20,7 +20,7 @@ import numpy as np
 from .. import ops
 from ..cache_file import in_cache_file
 from ..errors import ModelError, UnsupportedOperatorError, located
-from ..memory_limit import auto_budget_now
+from ..memory_limit import anonymous_bytes
 from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
@@ -45,7 +45,7 @@ FOLD_MIN_BYTES = 1 << 20  # a folded value may always be this large...
 class CompileOptions:
     """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
 
-    def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, memory_budget_auto=False,
+    def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, memory_budget_auto=None,
                  **switches):
         disabled = set(disabled_passes)
         for name, on in switches.items():
@@ -54,8 +54,11 @@ class CompileOptions:
         self.disabled_passes = frozenset(disabled)
         self.order_search_seconds = order_search_seconds  # the memory-optimal order's time budget
         self.memory_budget = memory_budget  # bytes beyond the baseline, or None: no budget
-        # 'auto': settled again before plan_budget, from what the cgroup holds once the model is
-        # compiled, less two sets of graph outputs (a caller holds the last run's while the next runs).
+        # 'auto': the process's anonymous bytes when the budget was read from the cgroup. Before
+        # plan_budget the budget loses what they grew by since (the model's structure, the
+        # kernels' plans: what loading and compiling took) and two sets of graph outputs (a
+        # caller holds the last run's while the next runs). Page cache is not counted: PREPARE
+        # fills it with the weights it reads, and it is handed back.
         self.memory_budget_auto = memory_budget_auto
 
     def __repr__(self):
@@ -122,11 +125,11 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
         run("release_weights", release_unused, weights_in_files, plan.mapped_weights)
     if options.memory_budget is not None:
         budget = options.memory_budget
-        if options.memory_budget_auto:
-            now = auto_budget_now()
+        if options.memory_budget_auto is not None:
+            grown = max(0, anonymous_bytes() - options.memory_budget_auto)
             outputs = sum(math.prod(shape) * np.dtype(dtype).itemsize
                           for shape, dtype in filter(None, plan.output_infos))
-            budget = max(1, min(budget, now if now is not None else budget) - 2 * outputs)
+            budget = max(1, budget - grown - 2 * outputs)
         plan = run("plan_budget", plan_budget, plan, budget)
     stats = dict(plan.stats)
     mapped = [w for w in graph.initializers.values() if isinstance(w, ExternalData)]

@@ -58,3 +58,24 @@ def windowed(window):
     extent = (window.kernel[0] - 1) * window.dilations[0] + 1
     return (len(window.in_spatial) == 2 and window.in_spatial[0] > 0 and window.out_spatial[0] > 0
             and window.pads_begin[0] < extent and window.pads_end[0] < extent)
+
+
+def elementwise_granule(in_shapes, out_shape):
+    """1 when an elementwise op over NCHW tensors can run in bands: each input is read in bands
+    (the output's shape) or whole (a size-1 image and row axis: a per-channel constant)."""
+    if out_shape is None or len(out_shape) != 4:
+        return 0
+    for shape in in_shapes:
+        shape = (1,) * (4 - len(shape)) + tuple(shape)
+        if shape != tuple(out_shape) and (shape[0] != 1 or shape[2] != 1):
+            return 0
+    return 1
+
+
+def elementwise_band(kernel, in_shapes, out_shape, r0, r1):
+    """The band of an elementwise kernel, run by its own `run` on the band's arrays."""
+    reads = tuple((r0, r1) if tuple(shape) == tuple(out_shape) else None for shape in in_shapes)
+
+    def run(args, out, scratch):
+        kernel.run(*args, outs=(out,), scratch=())
+    return Band((r0, r1), reads, run)

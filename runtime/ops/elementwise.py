@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from . import activation
+from . import activation, bands
 from .registry import Inferred, Kernel, TensorInfo, register
 
 
@@ -58,12 +58,19 @@ class Binary(Kernel):
     def infer(self, a, b):
         check_same_dtype(self.node, a, b)
         shape = broadcast_shape(self.node, a.shape, b.shape)
-        return [TensorInfo(shape, np.dtype(self.result_dtype or a.dtype))]
+        return Inferred([TensorInfo(shape, np.dtype(self.result_dtype or a.dtype))],
+                        shapes_=((tuple(a.shape), tuple(b.shape)), tuple(shape)))
 
     def run(self, a, b, *, outs, scratch):
         self.ufunc(a, b, out=outs[0])
         if self.activation is not None:
             activation.apply_activation(outs[0], self.activation)
+
+    def band_granule(self):
+        return bands.elementwise_granule(*self.shapes_)
+
+    def band(self, r0, r1, scratch_limit, plans=None):
+        return bands.elementwise_band(self, *self.shapes_, r0, r1)
 
 
 _BINARY = {  # op type: (since, ufunc, result dtype)
@@ -312,13 +319,21 @@ class Unary(Kernel):
     temporaries = 0
 
     def infer(self, x):
-        return [TensorInfo(x.shape, np.dtype(self.result_dtype or x.dtype))]
+        return Inferred([TensorInfo(x.shape, np.dtype(self.result_dtype or x.dtype))],
+                        shapes_=((tuple(x.shape),), tuple(x.shape)))
 
     def prepare(self, x):
         return [((min(x.size, activation.BLOCK),), x.dtype)] * self.temporaries
 
     def run(self, x, *, outs, scratch):
         self.apply(x, outs[0], scratch)
+
+    def band_granule(self):
+        shapes = getattr(self, "shapes_", None)  # subclasses with shape rules of their own: no bands
+        return bands.elementwise_granule(*shapes) if shapes is not None and not self.temporaries else 0
+
+    def band(self, r0, r1, scratch_limit, plans=None):
+        return bands.elementwise_band(self, *self.shapes_, r0, r1)
 
     def apply(self, x, out, temps):
         self.ufunc(x, out=out)
