@@ -13,7 +13,7 @@ from .errors import InputError
 UNLIMITED = 1 << 60  # v1 writes "no limit" as a number near 2**63
 # What `auto` leaves aside for memory no plan accounts for: numpy's and BLAS's working memory,
 # a kernel's temporaries, the interpreter's own growth.
-AUTO_MARGIN = 8 << 20
+AUTO_MARGIN = 16 << 20
 AUTO_MARGIN_SHARE = 1 / 16
 
 

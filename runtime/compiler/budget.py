@@ -160,10 +160,45 @@ def _blockable(step, k, array):
     return False
 
 
-def plan_budget(plan, budget_bytes):
-    """`plan` within `budget_bytes`: its Streaming, and its arena re-placed when activations must
-    spill; raises BudgetError below the least it can run in."""
-    n = len(plan.steps)
+@dataclass(frozen=True)
+class WeightUses:
+    """The weights the steps read that are pages of a file, by Region: the steps that read each,
+    its size and array, and whether its one reader can read it in blocks; and the bytes of the
+    weights in memory of the process's own."""
+    steps: int
+    uses: dict  # Region -> step positions reading it, in order
+    sizes: dict
+    arrays: dict
+    blockable: frozenset
+    own_bytes: int
+
+    @property
+    def first(self):
+        return {r: p[0] for r, p in self.uses.items()}
+
+    @property
+    def last(self):
+        return {r: p[-1] for r, p in self.uses.items()}
+
+    def row_bytes(self, r):
+        return self.arrays[r].nbytes // self.arrays[r].shape[0]
+
+    def held_at(self, streamed, lookahead, blocked=None):
+        """Per step: bytes of streamed regions in memory while it runs (blocked: BLOCK_COPIES blocks)."""
+        blocked = blocked or {}
+        delta = [0] * (self.steps + 2)
+        for r in streamed:
+            size = BLOCK_COPIES * blocked[r] if r in blocked else self.sizes[r]
+            delta[max(0, self.uses[r][0] - lookahead)] += size
+            delta[self.uses[r][-1] + 1] -= size
+        out, live = [], 0
+        for position in range(self.steps):
+            live += delta[position]
+            out.append(live)
+        return out
+
+
+def weight_uses(plan):
     uses, sizes, own, arrays, blockable = {}, {}, {}, {}, {}
     for position, step in enumerate(plan.steps):
         for k, array in step_weights(plan, step):
@@ -177,28 +212,17 @@ def plan_budget(plan, budget_bytes):
             if region.path is not None and _blockable(step, k, array):
                 blockable.setdefault(region, set()).add(position)
     # A region read by several steps is blocked only if every reader can block it.
-    blockable = {r for r, readers in blockable.items() if readers == set(uses[r]) and len(uses[r]) == 1}
-    own_bytes = sum(own.values())
-    first = {r: min(p) for r, p in uses.items()}
-    last = {r: max(p) for r, p in uses.items()}
+    blockable = frozenset(r for r, readers in blockable.items() if readers == set(uses[r]) and len(uses[r]) == 1)
+    return WeightUses(len(plan.steps), uses, sizes, arrays, blockable, sum(own.values()))
 
-    def row_bytes(r):
-        return arrays[r].nbytes // arrays[r].shape[0]
 
-    def held_at(streamed, lookahead, blocked=None):
-        """Per step: bytes of streamed regions in memory while it runs (blocked: BLOCK_COPIES blocks)."""
-        blocked = blocked or {}
-        delta = [0] * (n + 2)
-        for r in streamed:
-            size = BLOCK_COPIES * blocked[r] if r in blocked else sizes[r]
-            delta[max(0, first[r] - lookahead)] += size
-            delta[last[r] + 1] -= size
-        out, live = [], 0
-        for position in range(n):
-            live += delta[position]
-            out.append(live)
-        return out
-
+def plan_budget(plan, budget_bytes):
+    """`plan` within `budget_bytes`: its Streaming, and its arena re-placed when activations must
+    spill; raises BudgetError below the least it can run in."""
+    n = len(plan.steps)
+    weights = weight_uses(plan)
+    uses, own_bytes, held_at, row_bytes = weights.uses, weights.own_bytes, weights.held_at, weights.row_bytes
+    blockable = weights.blockable
     least_held = held_at(uses, 0, {r: row_bytes(r) + 2 * PAGE for r in blockable})
     least_weights = max(least_held, default=0)
     spills, banded, on_disk, band_area = (), (), (), 0
@@ -210,14 +234,17 @@ def plan_budget(plan, budget_bytes):
         chosen = choose_gaps(plan, room) if room >= least_arena_bytes else None
         # Not even spilling every idle activation is enough: the largest live in the file and
         # the steps around them run in bands of rows.
-        whole = max(held_at(uses, 0), default=0) - least_weights  # so that no weight need be read in blocks
-        banded_plan, banding, least_banded = band_plan(plan, room, whole) if chosen is None else (None, None, least)
-        least = min(least, least_arena_bytes + own_bytes + least_weights, least_banded + own_bytes + least_weights)
+        # A banded step reads its weights whole (no blocks), so the room for bands leaves the weights
+        # the most one step reads whole, and as much again where it can, to read them ahead.
+        whole = max(held_at(uses, 0), default=0)
+        banded_plan, banding, least_banded = (band_plan(plan, budget_bytes - own_bytes - whole, whole)
+                                              if chosen is None else (None, None, least))
+        least = min(least, least_arena_bytes + own_bytes + least_weights, least_banded + own_bytes + whole)
         if chosen is not None:
             plan, spills = spill_plan(plan, *chosen)
         elif banded_plan is not None:
             plan, (banded, on_disk, band_area) = banded_plan, banding
-            blockable = {r for r in blockable if banded[first[r]] is None}
+            blockable = frozenset(r for r in blockable if banded[uses[r][0]] is None)
         else:
             hungriest = max(range(n), key=lambda p: least_held[p]) if n else 0
             step = plan.steps[hungriest] if n else None
@@ -229,14 +256,16 @@ def plan_budget(plan, budget_bytes):
                               f"file and steps in bands: {_mib(least_banded)}), weights in memory of the "
                               f"process's own {_mib(own_bytes)}, and {what} at once")
     fixed = plan.arena_bytes + own_bytes + band_area
-    streaming = _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, last, row_bytes, held_at)
+    streaming = _stream(plan, budget_bytes, fixed, replace(weights, blockable=blockable))
     return replace(plan, streaming=replace(streaming, least_bytes=least, spills=spills, banded=banded,
                                            on_disk=on_disk, band_area_bytes=band_area))
 
 
-def _stream(plan, budget_bytes, fixed, uses, sizes, arrays, blockable, first, last, row_bytes, held_at):
+def _stream(plan, budget_bytes, fixed, weights):
     """Which weights stay resident and when the others are read and dropped (see the module's text)."""
     n = len(plan.steps)
+    uses, sizes, arrays, blockable = weights.uses, weights.sizes, weights.arrays, weights.blockable
+    first, last, row_bytes, held_at = weights.first, weights.last, weights.row_bytes, weights.held_at
     # Blocks for the weights that cannot stream whole: at most 1/BLOCK_SHARE of the room beside
     # the arena and the weights of the process's own.
     block_bytes = max(PAGE, (budget_bytes - fixed) // BLOCK_SHARE)
