@@ -18,8 +18,10 @@ deadline cuts the search short).
 
 import random
 import time
+from dataclasses import replace
 
-from .lifetimes import lower_bound
+from .lifetimes import live_bytes, lower_bound
+from .plan import ArenaBuffer
 
 ALIGNMENT = 64
 STALE = 1000  # the local search gives up after this many orders without a smaller arena
@@ -123,3 +125,21 @@ def _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries, dea
         if arena <= top:  # an equal arena is a step along a plateau, towards a smaller one
             order, offsets, top = candidate, placed, arena
     return offsets, top
+
+
+def placed_again(plan, arena, spans, sizes, offsets, top):
+    """`plan` with its arena placed again: `arena` its ArenaSlots at their new offsets, the steps'
+    values moved with them, and the buffers, live bytes and bound of the new `spans` and `sizes`."""
+    moved = {a.slot: a.offset for a in arena}
+
+    def moved_value(value):
+        if value is None or value.slot not in moved:
+            return value
+        return replace(value, offset=moved[value.slot])
+
+    steps = tuple(replace(s, input_values=tuple(map(moved_value, s.input_values)),
+                          output_values=tuple(map(moved_value, s.output_values))) for s in plan.steps)
+    buffers = tuple(sorted((ArenaBuffer(b, offsets[b], sizes[b], *spans[b]) for b in spans),
+                           key=lambda b: (b.offset, b.first)))
+    return replace(plan, steps=steps, arena=tuple(arena), arena_bytes=top, buffers=buffers,
+                   live_bytes=live_bytes(spans, sizes, len(steps)), lower_bound_bytes=lower_bound(spans, sizes))

@@ -27,9 +27,8 @@ from dataclasses import dataclass, replace
 
 from ..ops.conv_core import SCRATCH_LIMIT
 from ..paging import DIRECT_IO_ALIGNMENT, round_up
-from .arena import align, assign_offsets
+from .arena import align, assign_offsets, placed_again
 from .lifetimes import live_bytes, lower_bound
-from .plan import ArenaBuffer
 
 BAND_AREA_MAX = 32 << 20
 MIN_BAND_SCRATCH = 256 * 1024
@@ -231,20 +230,8 @@ def band_plan(plan, room, weights_wish=0):
 
     gone = set(disk) | {s for p in touched for s in plan.steps[p].scratch}
     arena = tuple(replace(a, offset=offsets[names[a.slot]]) for a in plan.arena if a.slot not in gone)
-    moved = {a.slot: a.offset for a in arena}
-
-    def moved_value(value):
-        if value is None or value.slot not in moved:
-            return value
-        return replace(value, offset=moved[value.slot])
-
-    steps = tuple(replace(s, input_values=tuple(map(moved_value, s.input_values)),
-                          output_values=tuple(map(moved_value, s.output_values))) for s in plan.steps)
     sizes = {b.name: b.nbytes for b in plan.buffers}
-    buffers = tuple(sorted((ArenaBuffer(b, offsets[b], sizes[b], *kept[b]) for b in kept),
-                           key=lambda b: (b.offset, b.first)))
-    plan = replace(plan, steps=steps, arena=arena, arena_bytes=top, buffers=buffers,
-                   live_bytes=live_bytes(kept, sizes, len(steps)), lower_bound_bytes=lower_bound(kept, sizes))
+    plan = placed_again(plan, arena, kept, {b: sizes[b] for b in kept}, offsets, top)
     return plan, (tuple(banded), tuple(on_disk.values()), area), least_room
 
 

@@ -25,9 +25,8 @@ buffers that are no graph output, no scratch, and not viewed under another shape
 from dataclasses import dataclass, replace
 
 from ..paging import DIRECT_IO_ALIGNMENT
-from .arena import align, assign_offsets
+from .arena import align, assign_offsets, placed_again
 from .lifetimes import live_bytes, lower_bound
-from .plan import ArenaBuffer
 
 FILE_ALIGNMENT = DIRECT_IO_ALIGNMENT
 MIN_SPILL_BYTES = 64 * 1024  # smaller activations are not worth a write and a read
@@ -170,17 +169,4 @@ def spill_plan(plan, gaps, split, part_sizes, offsets, top):
             spills.append(Spill(slot_of[buffer], buffer, nbytes, gap.out_after, gap.next_use - 1,
                                 offsets[_part(buffer, k + 1)], file_offset, k == 0))
         file_offset += align(nbytes, FILE_ALIGNMENT)
-    moved = {a.slot: a.offset for a in arena}
-
-    def moved_value(value):
-        if value is None or value.slot not in moved:
-            return value
-        return replace(value, offset=moved[value.slot])
-
-    steps = tuple(replace(s, input_values=tuple(map(moved_value, s.input_values)),
-                          output_values=tuple(map(moved_value, s.output_values))) for s in plan.steps)
-    buffers = tuple(sorted((ArenaBuffer(p, offsets[p], part_sizes[p], *split[p]) for p in split),
-                           key=lambda b: (b.offset, b.first)))
-    return replace(plan, steps=steps, arena=arena, arena_bytes=top, buffers=buffers,
-                   live_bytes=live_bytes(split, part_sizes, len(plan.steps)),
-                   lower_bound_bytes=lower_bound(split, part_sizes)), tuple(spills)
+    return placed_again(plan, arena, split, part_sizes, offsets, top), tuple(spills)
