@@ -23,6 +23,7 @@ from .errors import InputError, NnrunError
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
 from .memory_limit import anonymous_bytes, resolve_budget
+from .threads import limited
 from .plan_cache import PlanCache
 from .report import PhaseRecorder
 
@@ -216,7 +217,7 @@ class InferenceSession:
         trace = getattr(run_options, "trace", None)
         stop = _stop_position(executor.plan, getattr(run_options, "stop_after", None))
         started = time.perf_counter_ns()
-        with self._threads(), self._recorder.phase("EXECUTE"):
+        with limited(self._options.intra_op_num_threads), self._recorder.phase("EXECUTE"):
             results = executor.run(feeds, profile, trace, stop)
         if executor.last_io is not None:
             self._run_io.append(executor.last_io)
@@ -235,16 +236,6 @@ class InferenceSession:
             raise InputError(f"outputs {not_yet} are computed after stop_after "
                              f"{run_options.stop_after!r}")
         return [results[n] for n in output_names]
-
-    def _threads(self):
-        from contextlib import nullcontext
-
-        n = self._options.intra_op_num_threads
-        if not n:
-            return nullcontext()
-        from threadpoolctl import threadpool_limits
-
-        return threadpool_limits(limits=n)
 
     def _executor_for(self, signature):
         feeds = {name: (shape, dtype) for name, shape, dtype in signature}

@@ -153,3 +153,41 @@ def test_residual_add_and_relu_run_as_one_step():
     options = nnrun.SessionOptions()
     options.fuse_activations = False
     assert nnrun.InferenceSession(model.SerializeToString(), sess_options=options).report()["plan"]["steps"] == 2
+
+
+def test_intra_op_num_threads_bounds_blas_during_a_run_only(tmp_path):
+    """While a run executes, the BLAS library uses at most intra_op_num_threads threads; after it,
+    the process's own setting is back. The libraries are looked up once per process."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import nnrun.threads
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", (np.float32, [8, 64]))],
+                       [("y", None)], [("w", w)])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    options = nnrun.SessionOptions()
+    options.intra_op_num_threads = 1
+    sess = nnrun.InferenceSession(str(path), sess_options=options)
+    seen = []
+
+    class Options:
+        @staticmethod
+        def trace(step, outputs):
+            seen.append(blas_threads())
+
+    x = {"x": np.ones((8, 64), np.float32)}
+    with threadpool_limits(limits=2, user_api="blas"):  # the process's own setting, above the session's
+        before = blas_threads()
+        if not before or max(before) < 2:
+            pytest.skip(f"this BLAS library will not use 2 threads here ({before})")
+        sess.run(None, x, Options)
+        assert seen and all(counts and max(counts) == 1 for counts in seen)
+        assert blas_threads() == before
+    made = nnrun.threads.controller()
+    sess.run(None, x)
+    assert nnrun.threads.controller() is made
