@@ -148,8 +148,12 @@ def choose(plan, room):
         kept = {b: spans[b] for b in spans if b not in gone}
         return touched, kept
 
+    least_bands = {}  # position -> its band of one granule of rows, made once
+
     def least_area(touched, disk):
-        return max((_least_band_bytes(plan, p, granules[p], disk) for p in touched), default=0)
+        for p in touched - least_bands.keys():
+            least_bands[p] = _probe(plan.steps[p], granules[p], granules[p], MIN_BAND_SCRATCH)
+        return max((_band_bytes(plan.steps[p], least_bands[p], disk) for p in touched), default=0)
 
     every_touched, every_kept = arena_without(set(found))
     least = lower_bound(every_kept, {b: align(sizes[b]) for b in every_kept}) + least_area(every_touched, set(found))
@@ -169,11 +173,6 @@ def choose(plan, room):
         disk.add(max(covering, key=lambda slot: (sizes[names[slot]], -slot)))
 
 
-def _least_band_bytes(plan, position, granule, disk):
-    step = plan.steps[position]
-    return _band_bytes(plan, step, _probe(step, granule, granule, MIN_BAND_SCRATCH), disk)
-
-
 def _probe(step, rows, granule, scratch_limit):
     """A band of `rows` rows in the middle of the output, where it reads the most input rows."""
     height = step.output_values[0].shape[2]
@@ -181,24 +180,25 @@ def _probe(step, rows, granule, scratch_limit):
     return step.kernel.band(start, start + rows, scratch_limit)
 
 
-def _band_bytes(plan, step, band, disk, scratch_elems=None):
+def _band_bytes(step, band, disk):
     """The band area one band of `step` needs: its inputs' and output's arrays, staging for those in
     the file, and its scratch."""
     total = 0
     for k, reads in enumerate(band.reads):
         if reads is not None:
-            total += _part_bytes(step.input_values[k], reads[1] - reads[0], step.inputs[k] in disk)
+            held, staging = _part_bytes(step.input_values[k], reads[1] - reads[0], step.inputs[k] in disk)
+            total += held + staging
     out = step.output_values[0]
-    total += _part_bytes(out, band.rows[1] - band.rows[0], step.outputs[0] in disk)
-    elems = band.scratch_elems if scratch_elems is None else scratch_elems
-    return total + round_up(elems * out.dtype.itemsize, DIRECT_IO_ALIGNMENT)
+    held, staging = _part_bytes(out, band.rows[1] - band.rows[0], step.outputs[0] in disk)
+    return total + held + staging + round_up(band.scratch_elems * out.dtype.itemsize, DIRECT_IO_ALIGNMENT)
 
 
 def _part_bytes(value, rows, in_file):
+    """(bytes of the contiguous band array, bytes of its staging buffers) for `rows` rows of `value`."""
     _, c, _, w = value.shape
     plane = c * w * value.dtype.itemsize
     held = round_up(plane * rows, DIRECT_IO_ALIGNMENT)
-    return held + (STAGING * rows * round_up(plane, DIRECT_IO_ALIGNMENT) if in_file else 0)
+    return held, (STAGING * rows * round_up(plane, DIRECT_IO_ALIGNMENT) if in_file else 0)
 
 
 def band_plan(plan, room, weights_wish=0):
@@ -225,7 +225,7 @@ def band_plan(plan, room, weights_wish=0):
     area = max(least, min(BAND_AREA_MAX, room - top - weights_wish))
     banded = [None] * len(plan.steps)
     for position in sorted(touched):
-        banded[position] = _banded_step(plan, plan.steps[position], granules[position], on_disk, area)
+        banded[position] = _banded_step(plan.steps[position], granules[position], on_disk, area)
     area = max(b.area_bytes for b in banded if b is not None)
 
     gone = set(disk) | {s for p in touched for s in plan.steps[p].scratch}
@@ -235,7 +235,7 @@ def band_plan(plan, room, weights_wish=0):
     return plan, (tuple(banded), tuple(on_disk.values()), area), least_room
 
 
-def _banded_step(plan, step, granule, on_disk, area):
+def _banded_step(step, granule, on_disk, area):
     """The bands of `step`: as many rows each as fit in `area` bytes."""
     out = step.output_values[0]
     height = out.shape[2]
@@ -245,7 +245,7 @@ def _banded_step(plan, step, granule, on_disk, area):
     low, high = 1, max(1, height // granule)
     while low < high:
         middle = (low + high + 1) // 2
-        if _band_bytes(plan, step, _probe(step, min(height, middle * granule), granule, scratch_limit), disk) <= area:
+        if _band_bytes(step, _probe(step, min(height, middle * granule), granule, scratch_limit), disk) <= area:
             low = middle
         else:
             high = middle - 1
@@ -261,16 +261,11 @@ def _banded_step(plan, step, granule, on_disk, area):
 
     def place(value, rows, in_file):
         nonlocal offset
-        _, c, _, w = value.shape
-        plane = c * w * value.dtype.itemsize
-        held = offset
-        offset += round_up(plane * rows, DIRECT_IO_ALIGNMENT)
-        staging = ()
-        if in_file:
-            stride = round_up(plane, DIRECT_IO_ALIGNMENT)
-            staging = tuple(offset + i * rows * stride for i in range(STAGING))
-            offset += STAGING * rows * stride
-        return Part((c, w), held, staging)
+        held_bytes, staging_bytes = _part_bytes(value, rows, in_file)
+        held, offset = offset, offset + held_bytes
+        staging = tuple(offset + i * staging_bytes // STAGING for i in range(STAGING)) if in_file else ()
+        offset += staging_bytes
+        return Part((value.shape[1], value.shape[3]), held, staging)
 
     inputs = tuple(place(step.input_values[k], most[k], step.inputs[k] in disk) if k in most else None
                    for k in range(len(step.inputs)))

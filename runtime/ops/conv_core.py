@@ -463,6 +463,7 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
         raise ValueError("only a convolution of one group reads its weight in blocks")
     layout = plan.layout
     single = plan.method != "pointwise" and len(plan.tiles) == 1 and out.shape[0] == 1
+    rest = math.prod(plan.window.out_spatial[1:])
     if plan.method != "pointwise" and scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
     for k, (start, end) in enumerate(blocks.rows):
@@ -479,7 +480,6 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
             for tile in plan.tiles:
                 cols = _columns(x, n, tile, plan, scratch, built=single and k > 0)
                 r0, r1 = tile.rows
-                rest = math.prod(plan.window.out_spatial[1:])
                 rows = slice(r0 * rest, r1 * rest)
                 _product(w_block, cols, out_mat[:, rows] if layout == CHANNELS_FIRST else out_mat[rows], layout)
         blocks.leave(k)
