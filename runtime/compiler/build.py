@@ -4,7 +4,8 @@
 from one frozen stage (stages.py) to the next:
 
     check_supported, capture_outer_values, topological_order   the graph as it may run
-    fold_batchnorm, fuse_activations                           rewrites (switchable)
+    constants_as_weights, fold_batchnorm, flush_denormals,
+    fuse_activations                                           rewrites (switchable)
     infer_shapes (with fold_constants), drop_dead              what every value is
     prepare_kernels                                            packing and scratch
     arena_buffers, memory_aware_order, lifetimes,
@@ -33,7 +34,8 @@ from .passes import PassRunner
 from .plan import (ALIAS, ARENA, CACHED, CONSTANT, EAGER, FEED, FRESH, MAPPED, MEMORY, PACKED, ArenaBuffer,
                    ArenaSlot, Plan, PlannedStep, ValueSlot, WeightRead)
 from .release import EagerRelease, mapped_weights, release_unused
-from .rewrite import capture_outer_values, fold_batchnorm, fuse_activations
+from .denormals import flush_denormal_weights
+from .rewrite import capture_outer_values, constants_as_weights, fold_batchnorm, fuse_activations
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
                      frozen_map)
 
@@ -108,7 +110,9 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
     nodes = run("capture_outer_values", lambda n: NodeList(tuple(capture_outer_values(n.nodes)), n.weights),
                 nodes)
     nodes = run("topological_order", topological_order, nodes, context)
+    nodes = run("constants_as_weights", constants_as_weights_pass, nodes, context)
     nodes = run("fold_batchnorm", fold_batchnorm_pass, nodes, context)
+    nodes = run("flush_denormals", flush_denormals_pass, nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"))
     shaped = run("drop_dead", drop_dead, shaped, context)
@@ -167,6 +171,20 @@ def fold_batchnorm_pass(nodes, context):
     keep = context.packer.pack if context.packer is not None else None
     folded = fold_batchnorm(list(nodes.nodes), weights, set(context.outputs), context.release.copied, keep)
     return NodeList(tuple(folded), frozen_map(weights))
+
+
+def constants_as_weights_pass(nodes, context):
+    weights = dict(nodes.weights)
+    kept = constants_as_weights(list(nodes.nodes), weights, set(context.outputs))
+    return NodeList(tuple(kept), frozen_map(weights))
+
+
+def flush_denormals_pass(nodes, context):
+    weights = dict(nodes.weights)
+    used = dict.fromkeys(name for node in nodes.nodes for name in node.inputs if name in weights)
+    keep = context.packer.pack if context.packer is not None else None
+    flush_denormal_weights(weights, used, keep, context.release.copied)
+    return NodeList(nodes.nodes, frozen_map(weights))
 
 
 def fuse_activations_pass(nodes, context):

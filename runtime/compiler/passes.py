@@ -27,7 +27,11 @@ PASSES = tuple(Pass(*p) for p in (
                                "reported at once"),
     ("capture_outer_values", False, "outer-scope values a subgraph reads become explicit node inputs"),
     ("topological_order", False, "nodes in an order where every input is produced before it is read"),
+    ("constants_as_weights", True, "Constant nodes' values become weights before the rewrites read them "
+                                   "(off: they are computed at infer_shapes, after fold_batchnorm)"),
     ("fold_batchnorm", True, "Conv then BatchNormalization with constant parameters becomes one Conv"),
+    ("flush_denormals", True, "subnormal values in float weights become zero (each costs a ~100x slower "
+                              "multiply on x86); scanned by sample, copied only when found"),
     ("fuse_activations", True, "an activation after Conv, Gemm, MatMul or Add runs inside it"),
     ("infer_shapes", False, "each node's shape rule on concrete shapes; a shape known only per run "
                             "makes an eager step"),

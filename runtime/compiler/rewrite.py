@@ -1,4 +1,5 @@
-"""Graph rewrites before shape inference: Conv+BatchNormalization folding, activation fusion.
+"""Graph rewrites before shape inference: Constant nodes as weights, Conv+BatchNormalization folding,
+activation fusion.
 
 Each rewrite takes the topologically ordered node list and the weights dict,
 returns a new node list, and may add weights (anonymous arrays: packed weights).
@@ -14,7 +15,7 @@ from ..weights import ExternalData, weight_array
 from ..ops.activation import FUSABLE
 
 
-def _identity(value):
+def weight_identity(value):
     """A file weight's id, or a digest of an array's bytes: what a packed value's name is made of."""
     if value is None:
         return "-"
@@ -80,7 +81,7 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, ke
         eps = bn.attrs.get("epsilon", 1e-5)
         b = weights[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else None
         name = (f"fold_batchnorm/eps={eps!r}/"
-                + "/".join(_identity(v) for v in (w, b, *(weights[p] for p in bn.inputs[1:5]))))
+                + "/".join(weight_identity(v) for v in (w, b, *(weights[p] for p in bn.inputs[1:5]))))
         new_w, new_b = keep(name, lambda: _folded(w, b, [weights[p] for p in bn.inputs[1:5]], eps))
         if len(users.get(conv.inputs[1], ())) == 1:
             copied(weights[conv.inputs[1]])
@@ -96,6 +97,36 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, ke
         if i in dropped:
             continue
         out.append(fused_into.get(i, node))
+    return out
+
+
+_CONSTANT_VALUES = {"value": None, "value_float": np.float32, "value_floats": np.float32,
+                    "value_int": np.int64, "value_ints": np.int64}
+
+
+def constants_as_weights(nodes, weights, graph_outputs):
+    """Constant nodes of a numeric value become weights (what an initializer would have been),
+    so the rewrites after this one see them: Paddle exports give BatchNormalization's
+    parameters as Constant nodes. A value given as a tensor stays where the loader put it
+    (a view of the mapped file); the node is dropped. Strings, sparse values and graph
+    outputs are left to the Constant kernel."""
+    out = []
+    for node in nodes:
+        given = [k for k in node.attrs if not k.startswith("_")]
+        if (node.op_type != "Constant" or node.domain or len(given) != 1 or given[0] not in _CONSTANT_VALUES
+                or len(node.outputs) != 1 or node.outputs[0] in graph_outputs or node.outputs[0] in weights):
+            out.append(node)
+            continue
+        key = given[0]
+        value = node.attrs[key]
+        if key == "value":
+            if np.dtype(value.dtype).kind not in "biufc":
+                out.append(node)
+                continue
+        else:
+            value = np.array(value, dtype=_CONSTANT_VALUES[key])
+            value = value.reshape(-1) if key.endswith("s") else value
+        weights[node.outputs[0]] = value
     return out
 
 

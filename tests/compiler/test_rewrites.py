@@ -1,0 +1,105 @@
+"""The graph rewrites that make a model faster without changing what it computes: each one
+checked against onnxruntime (the whole model, rewrite on) and for having fired (the plan's
+steps or weights), and each switchable off by name.
+"""
+
+import numpy as np
+import pytest
+from oracle import check_model, helper, make_model, rng
+
+import nnrun
+from nnrun.compiler.denormals import SAMPLE, count_subnormal, flushed
+
+TINY = np.finfo(np.float32).tiny
+
+def session(model, disabled=()):
+    options = nnrun.SessionOptions()
+    options.disabled_passes = set(disabled)
+    return nnrun.InferenceSession(model.SerializeToString(), sess_options=options)
+
+def subnormals_read(sess):
+    """Subnormal values in the float32 constants the last run's plan read."""
+    arrays = [getattr(v, "array", lambda v=v: v)() for v in sess._last.constants.values()]
+    return sum(count_subnormal(np.asarray(a)) for a in arrays if np.asarray(a).dtype == np.float32)
+
+
+def with_subnormals(array, fraction, seed=0):
+    """`array` with `fraction` of its elements replaced by subnormal values of either sign."""
+    r = rng(seed)
+    out = array.copy().reshape(-1)
+    picked = r.choice(out.size, int(out.size * fraction), replace=False)
+    out[picked] = r.uniform(-1, 1, picked.size).astype(np.float32) * TINY
+    return out.reshape(array.shape)
+
+# --- flush_denormals ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_count_and_flush_match_numpys_classification(dtype):
+    tiny = np.finfo(dtype).tiny
+    values = np.array([0.0, -0.0, tiny, -tiny, tiny / 2, -tiny / 3, tiny / 2**20, 1.0, -2.5, np.inf, -np.inf,
+                       np.nan], dtype)
+    values = np.tile(values, 70_000)  # several chunks of the scan
+    subnormal = (values != 0) & (np.abs(values) < tiny)
+    assert count_subnormal(values) == np.count_nonzero(subnormal)
+    out = flushed(values)
+    np.testing.assert_array_equal(out[~subnormal], values[~subnormal])
+    assert not np.any(out[subnormal]) and np.array_equal(np.signbit(out), np.signbit(values))
+
+def pointwise_model(w):
+    return make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", np.zeros((1, w.shape[1], 9, 9),
+                                                                              np.float32))],
+                      [("y", None)], [("w", w)])
+
+@pytest.mark.parametrize("shape, fraction", [((16, 8, 1, 1), 0.4), ((64, 512, 1, 1), 0.01)])
+def test_subnormal_weights_are_flushed_and_the_outputs_match_onnxruntime(shape, fraction):
+    # the second weight is above the sample's size: found through the sample, then scanned whole
+    w = with_subnormals(rng(1).standard_normal(shape).astype(np.float32), fraction)
+    assert count_subnormal(w) > 0 and (w.size > 4 * SAMPLE) == (shape[1] == 512)
+    model = pointwise_model(w)
+    x = rng(2).standard_normal((1, shape[1], 9, 9)).astype(np.float32)
+    check_model(model, {"x": x}, rtol=1e-5)
+    on, off = session(model), session(model, {"flush_denormals"})
+    on.run(None, {"x": x})
+    off.run(None, {"x": x})
+    assert subnormals_read(on) == 0 and subnormals_read(off) == count_subnormal(w)
+
+def test_weights_without_subnormals_are_left_in_the_mapping():
+    w = rng(1).standard_normal((64, 512, 1, 1)).astype(np.float32)
+    on, off = session(pointwise_model(w)), session(pointwise_model(w), {"flush_denormals"})
+    for sess in (on, off):
+        sess.run(None, {"x": np.ones((1, 512, 9, 9), np.float32)})
+    assert on.report()["plan"]["weights_packed_bytes"] == off.report()["plan"]["weights_packed_bytes"]
+
+# --- constants_as_weights -------------------------------------------------------------------------
+
+def conv_bn_from_constant_nodes():
+    """Conv -> BatchNormalization -> Relu with the BN parameters given by Constant nodes, as Paddle writes."""
+    w = rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    params = [rng(i).uniform(0.5, 1.5, 4).astype(np.float32) for i in range(1, 5)]
+    constants = [helper.make_node("Constant", [], [n], value=helper.make_tensor(n, 1, [4], p))
+                 for n, p in zip("sbmv", params)]
+    nodes = constants + [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                         helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+                         helper.make_node("Relu", ["n"], ["y"])]
+    return make_model(nodes, [("x", np.zeros((1, 3, 6, 6), np.float32))], [("y", None)], [("w", w)])
+
+def test_constant_nodes_become_weights_so_batchnorm_folds():
+    model = conv_bn_from_constant_nodes()
+    x = rng(5).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    check_model(model, {"x": x})
+    on, off = session(model), session(model, {"constants_as_weights"})
+    for sess in (on, off):
+        sess.run(None, {"x": x})
+    assert on.report()["plan"]["steps"] == 1  # Conv with BN folded and Relu fused
+    assert off.report()["plan"]["steps"] == 3  # Conv, BatchNormalization, Relu
+
+def test_constant_nodes_of_every_numeric_form_and_a_graph_output_keep_their_values():
+    nodes = [helper.make_node("Constant", [], ["f"], value_float=2.5),
+             helper.make_node("Constant", [], ["fs"], value_floats=[1.0, -1.0, 0.5]),
+             helper.make_node("Constant", [], ["i"], value_ints=[3, 1]),
+             helper.make_node("Constant", [], ["out"], value=helper.make_tensor("t", 7, [2], [4, 5])),
+             helper.make_node("Mul", ["x", "f"], ["a"]),
+             helper.make_node("Add", ["a", "fs"], ["b"]),
+             helper.make_node("Reshape", ["b", "i"], ["y"])]
+    model = make_model(nodes, [("x", np.zeros((3,), np.float32))], [("y", None), ("out", None)])
+    check_model(model, {"x": np.array([1.0, 2.0, -4.0], np.float32)})
