@@ -2,8 +2,8 @@
 
 The kernels decode attributes and check shapes; the numerics are in `conv_core`,
 which TFLite's convolutions share. Weights are used as they lie in the mapped
-file: no kernel here packs anything. Under a memory budget a Conv of one group may read
-its weight in blocks of output channels.
+file, but for a depthwise conv's small one, packed tap-major. Under a memory budget a
+Conv of one group may read its weight in blocks of output channels.
 """
 
 from dataclasses import replace
@@ -58,13 +58,23 @@ class Conv(_ConvBase):
             self.fail(str(e))
         return Inferred([TensorInfo((x.shape[0], w.shape[0], *window.out_spatial), x.dtype)], window=window)
 
+    w_taps = None  # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
+
     def prepare(self, x, w, b=None):
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
+        if self.plan.method == "depthwise" and w.value is not None:
+            self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(w.value, self.plan))
         return self.plan.scratch()
 
     def run(self, x, w, b=None, *, outs, scratch=(), stream=None):
         """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
-        conv_core.conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, self.activation, stream)
+        self._conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, stream)
+
+    def _conv(self, x, w, b, out, plan, scratch, stream=None):
+        if self.w_taps is not None:
+            conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, self.activation)
+        else:
+            conv_core.conv(x, w, b, out, plan, scratch, self.activation, stream)
 
     def band_granule(self):
         return 1 if bands.windowed(self.window) else 0
@@ -73,10 +83,9 @@ class Conv(_ConvBase):
         a, b, window = bands.window_band(self.window, r0, r1)
         plan = bands.cached(plans, (window, scratch_limit), lambda: conv_core.conv_plan(
             window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype, scratch_limit=scratch_limit))
-        activation = self.activation
 
         def run(args, out, scratch):
-            conv_core.conv(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch, activation)
+            self._conv(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch)
         return bands.Band((r0, r1), ((a, b),) + (None,) * (len(self.node.inputs) - 1), run, plan.scratch_elems)
 
 

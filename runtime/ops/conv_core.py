@@ -26,8 +26,10 @@ Paths, chosen by the plan:
   built from the unpadded input, borders zero-filled), one BLAS GEMM per tile and
   group writing into the output; 1x1 unpadded stride-1 conv is one GEMM per image;
 - depthwise conv and pooling, channels first: "phase planes" (see `PhaseGrid`), where
-  each kernel tap is one elementwise op over long contiguous rows; channels last: a
-  tap loop over row tiles, whose windows are contiguous runs of (width, channels);
+  each kernel tap is one elementwise op over long contiguous rows, in channel blocks
+  that stay in L2; channels last: a tap loop over row tiles, whose windows are
+  contiguous runs of (width, channels). A channels-first depthwise conv of small images
+  and many channels (rows shorter than the channels) is run channels last, transposed;
 - transposed conv: GEMM columns scattered into stride-phase planes.
 numpy is fast on long contiguous rows and several times slower on short or strided
 ones, which is what these layouts are for.
@@ -402,11 +404,7 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
     if blocks is not None:
         return conv_in_blocks(x, blocks, bias, out, plan, scratch, activation)
     if plan.method == "depthwise":
-        c, multiplier = plan.c_in, plan.c_out // plan.c_in
-        kernel = plan.window.kernel
-        # (C*M, 1, *kernel) first or (C*M, *kernel, 1) last: both are (C, M, *kernel) in memory.
-        w_taps = np.moveaxis(w.reshape(c, multiplier, *kernel), (0, 1), (-2, -1))
-        return depthwise_conv(x, w_taps, bias, out, plan, scratch, activation)
+        return depthwise_conv(x, _taps_view(w, plan), bias, out, plan, scratch, activation)
     if plan.method == "pointwise":
         _pointwise(x, w, out, plan)
         _bias_activation(out, bias, activation, plan.layout)
@@ -644,17 +642,42 @@ class DepthwisePlan:
     block: int
 
 
+@dataclass(frozen=True)
+class TransposedDepthwise:
+    """Channels first, run channels last: each image is transposed into a zero-padded buffer in
+    scratch, every tap is one multiply-add over the whole output, and the result is transposed
+    back. For small images of many channels, where a phase plane's rows are too short for numpy
+    (7x7: 63 elements) and a channels-last row is long (960 channels)."""
+    padded: tuple  # the padded image's spatial shape
+    inside: tuple  # where the image lies in it (slices)
+    taps: tuple    # per kernel tap: (its index, the padded image's slices it reads)
+
+
+# Phase planes of a channel block, with its accumulator and product, stay within this (a
+# share of L2): each of the taps passes over them twice.
+DEPTHWISE_BLOCK = 1024 * 1024
+
+
 def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
     multiplier = c_out // c
+    rest = math.prod(window.out_spatial[1:])
     if layout == CHANNELS_FIRST:
         grid = phase_grid(window)
-        # Per channel: its phase planes, and the accumulator and product of its M outputs.
-        per_channel = len(grid.fills) * grid.plane_size + 2 * multiplier * grid.q_size
-        block = _block_size(c, per_channel, dtype, scratch_limit)
-        return ConvPlan(window, layout, c, c_out, c, "depthwise", DepthwisePlan(grid, block),
-                        per_channel * block, dtype)
+        if grid.q_size >= c:
+            # Per channel: its phase planes, and the accumulator and product of its M outputs.
+            per_channel = len(grid.fills) * grid.plane_size + 2 * multiplier * grid.q_size
+            block = _block_size(c, per_channel, dtype, min(scratch_limit, DEPTHWISE_BLOCK))
+            return ConvPlan(window, layout, c, c_out, c, "depthwise", DepthwisePlan(grid, block),
+                            per_channel * block, dtype)
+        padded = tuple(i + b + e for i, b, e in zip(window.in_spatial, window.pads_begin, window.pads_end))
+        inside = tuple(slice(b, b + i) for b, i in zip(window.pads_begin, window.in_spatial))
+        taps = tuple((tap, tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, o, s in
+                                 zip(tap, window.dilations, window.out_spatial, window.strides)))
+                     for tap in np.ndindex(*window.kernel))
+        images = c * math.prod(padded) + 2 * c_out * math.prod(window.out_spatial)
+        return ConvPlan(window, layout, c, c_out, c, "depthwise", TransposedDepthwise(padded, inside, taps),
+                        images, dtype)
     # Channels last: a tap's window is (rows, width*channels), long contiguous runs already.
-    rest = math.prod(window.out_spatial[1:])
     tiles, per_tile = _channels_last_tiles(window, c_out * rest * dtype.itemsize, with_taps=True)
     return ConvPlan(window, layout, c, c_out, c, "depthwise", tiles, c_out * rest * per_tile, dtype)
 
@@ -684,6 +707,18 @@ def _channels_last_tiles(window, row_bytes, with_taps):
     return tuple(tiles), per_tile
 
 
+def _taps_view(w, plan):
+    """A depthwise conv weight as (*kernel, C, M), a view. (C*M, 1, *kernel) first or
+    (C*M, *kernel, 1) last: both are (C, M, *kernel) in memory."""
+    return np.moveaxis(w.reshape(plan.c_in, plan.c_out // plan.c_in, *plan.window.kernel), (0, 1), (-2, -1))
+
+
+def depthwise_taps(w, plan):
+    """The weight `depthwise_conv` reads best: (*kernel, C, M) contiguous, so each tap's weights are
+    one row (the channels-last paths multiply whole rows by them)."""
+    return np.ascontiguousarray(_taps_view(w, plan))
+
+
 def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
     """Depthwise convolution as a sum over kernel taps, vectorised over channels.
 
@@ -696,27 +731,64 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
         return out
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
-    if plan.layout == CHANNELS_FIRST:
+    if isinstance(plan.tiles, DepthwisePlan):
         return _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation)
-    window, layout = plan.window, plan.layout
+    window = plan.window
     c, multiplier = plan.c_in, plan.c_out // plan.c_in
+    if isinstance(plan.tiles, TransposedDepthwise):
+        return _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation)
     for n in range(out.shape[0]):
-        x_n = x[n].reshape(*window.in_spatial, c, 1)
-        out_n = out[n].reshape(*window.out_spatial, c, multiplier)
-        for tile in plan.tiles:
-            r0, r1 = tile.rows
-            out_t = out_n[r0:r1]
-            if tile.first is not None:
-                dst, src, tap = tile.first
-                np.multiply(x_n[src], w_taps[tap], out=out_t)
+        _depthwise_rows(x[n], w_taps, bias, out[n], plan.tiles, scratch, activation, c, multiplier)
+    return out
+
+
+def _depthwise_rows(x, w_taps, bias, out, tiles, scratch, activation, c, multiplier):
+    """One channels-last image: out (*out_spatial, C*M) from x (*in_spatial, C), tile by tile."""
+    x = x.reshape(*x.shape[:-1], c, 1)
+    out_cm = out.reshape(*out.shape[:-1], c, multiplier)
+    for tile in tiles:
+        r0, r1 = tile.rows
+        out_t = out_cm[r0:r1]
+        if tile.first is not None:
+            dst, src, tap = tile.first
+            np.multiply(x[src], w_taps[tap], out=out_t)
+        else:
+            out_t[...] = 0
+        tmp = scratch[:out_t.size].reshape(out_t.shape)
+        for dst, src, tap in tile.taps:
+            part = tmp[dst]
+            np.multiply(x[src], w_taps[tap], out=part)
+            np.add(out_t[dst], part, out=out_t[dst])
+        _bias_activation(out[r0:r1], bias, activation, CHANNELS_LAST, batched=False)
+
+
+def _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation):
+    how, window = plan.tiles, plan.window
+    c, multiplier = plan.c_in, plan.c_out // plan.c_in
+    in_size, out_size = c * math.prod(how.padded), plan.c_out * math.prod(window.out_spatial)
+    padded = scratch[:in_size].reshape(*how.padded, c)
+    # One output channel per input channel (nearly always): no multiplier axis, whose length of 1
+    # would be numpy's innermost loop.
+    lanes = (c,) if multiplier == 1 else (c, multiplier)
+    taps = w_taps.reshape(*w_taps.shape[:-2], *lanes)
+    acc = scratch[in_size:in_size + out_size].reshape(*window.out_spatial, *lanes)
+    tmp = scratch[in_size + out_size:in_size + 2 * out_size].reshape(acc.shape)
+    padded[...] = 0  # the border; scratch is shared with other steps
+    spatial_first = tuple(range(1, len(window.in_spatial) + 1)) + (0,)
+    channels_first = (len(window.out_spatial),) + tuple(range(len(window.out_spatial)))
+    image = padded[how.inside]
+    for n in range(out.shape[0]):
+        np.copyto(image, x[n].transpose(spatial_first))
+        for k, (tap, src) in enumerate(how.taps):
+            window_of_tap = padded[src] if multiplier == 1 else padded[src][..., None]
+            if k == 0:
+                np.multiply(window_of_tap, taps[tap], out=acc)
             else:
-                out_t[...] = 0
-            tmp = scratch[:out_t.size].reshape(out_t.shape)
-            for dst, src, tap in tile.taps:
-                part = tmp[dst]
-                np.multiply(x_n[src], w_taps[tap], out=part)
-                np.add(out_t[dst], part, out=out_t[dst])
-            _bias_activation(out[n, r0:r1], bias, activation, layout, batched=False)
+                np.multiply(window_of_tap, taps[tap], out=tmp)
+                np.add(acc, tmp, out=acc)
+        result = acc.reshape(*window.out_spatial, plan.c_out)
+        _bias_activation(result, bias, activation, CHANNELS_LAST, batched=False)
+        np.copyto(out[n], result.transpose(channels_first))
     return out
 
 

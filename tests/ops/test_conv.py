@@ -67,6 +67,11 @@ GROUPED = [
     ((2, 6, 8, 7), (4, 3, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
     ((1, 8, 9, 9), (12, 2, 3, 3), {"group": 4, "strides": [2, 2], "dilations": [1, 2]}),
     ((1, 8, 7, 7), (8, 4, 1, 1), {"group": 2}),
+    # more channels than the phase planes' rows are long: run channels last
+    ((2, 96, 5, 4), (96, 1, 3, 3), {"group": 96, "pads": [1, 1, 1, 1]}),
+    ((1, 80, 6, 7), (160, 1, 3, 3), {"group": 80, "pads": [1, 0, 2, 1], "strides": [2, 1]}),   # multiplier 2
+    ((1, 64, 7, 7), (64, 1, 5, 3), {"group": 64, "pads": [4, 1, 3, 0], "dilations": [2, 1]}),
+    ((1, 64, 3, 3), (64, 1, 3, 3), {"group": 64, "pads": [3, 3, 3, 3]}),   # no tap covers the image
 ]
 
 
