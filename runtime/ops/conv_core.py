@@ -733,10 +733,9 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
         scratch = np.empty(plan.scratch_elems, plan.dtype)
     if isinstance(plan.tiles, DepthwisePlan):
         return _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation)
-    window = plan.window
-    c, multiplier = plan.c_in, plan.c_out // plan.c_in
     if isinstance(plan.tiles, TransposedDepthwise):
         return _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation)
+    c, multiplier = plan.c_in, plan.c_out // plan.c_in
     for n in range(out.shape[0]):
         _depthwise_rows(x[n], w_taps, bias, out[n], plan.tiles, scratch, activation, c, multiplier)
     return out
