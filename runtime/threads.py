@@ -3,8 +3,9 @@
 `intra_op_num_threads` bounds it per run, as onnxruntime's option bounds its own pool. Finding the
 thread-pool libraries loaded in the process is the expensive part of threadpoolctl (a walk over
 every shared library: about 0.1 ms here, 1 ms in a process with more libraries loaded), so it is
-done once per process; each run then only sets the count and puts it back (a few microseconds),
-which a caller running a small model hundreds of times per second does not notice.
+done once per process. Each run then reads each library's count (a microsecond) and only where it
+differs sets it and puts it back after the run: a process whose BLAS already uses the session's
+count (the default, the physical cores, or a caller who set it) pays nothing more.
 """
 
 import threading
@@ -25,8 +26,32 @@ def controller():
         return _controller
 
 
+class _Bounded:
+    """Sets each thread-pool library that does not use `threads` threads to it; puts it back after."""
+
+    __slots__ = ("libraries", "threads", "changed")
+
+    def __init__(self, libraries, threads):
+        self.libraries, self.threads, self.changed = libraries, threads, ()
+
+    def __enter__(self):
+        changed = []
+        for library in self.libraries:
+            count = library.get_num_threads()
+            if count != self.threads:
+                library.set_num_threads(self.threads)
+                changed.append((library, count))
+        self.changed = changed
+        return self
+
+    def __exit__(self, *exc):
+        for library, count in self.changed:
+            library.set_num_threads(count)
+        return False
+
+
 def limited(threads):
-    """A context in which the BLAS library uses at most `threads` threads (0: its default)."""
+    """A context in which the BLAS library uses `threads` threads (0: its default)."""
     if not threads:
         return nullcontext()
-    return controller().limit(limits=threads)
+    return _Bounded(controller().lib_controllers, threads)

@@ -35,6 +35,7 @@ from .plan import (ALIAS, ARENA, CACHED, CONSTANT, EAGER, FEED, FRESH, MAPPED, M
                    ArenaSlot, Plan, PlannedStep, ValueSlot, WeightRead)
 from .release import EagerRelease, mapped_weights, release_unused
 from .denormals import flush_denormal_weights
+from .inline import inlined, taken_branch
 from .rewrite import capture_outer_values, constants_as_weights, fold_batchnorm, fuse_activations
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
                      frozen_map)
@@ -114,7 +115,8 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
     nodes = run("fold_batchnorm", fold_batchnorm_pass, nodes, context)
     nodes = run("flush_denormals", flush_denormals_pass, nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
-    shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"))
+    shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"),
+                 run.enabled("inline_if"))
     shaped = run("drop_dead", drop_dead, shaped, context)
     prepared = run("prepare_kernels", prepare_kernels, shaped, context)
     buffers = run("arena_buffers", arena_buffers, prepared, context)
@@ -194,8 +196,15 @@ def fuse_activations_pass(nodes, context):
 
 # --- what every value is ----------------------------------------------------------------------------
 
-def infer_shapes(nodes, context, fold):
-    """Each node's shape rule on concrete shapes, in order; with `fold`, known values computed now.
+def _weight_info(w):
+    """What infer_shapes knows of a weight: its value, and the mapped bytes it views, if any."""
+    return TensorInfo(tuple(w.shape), np.dtype(w.dtype), weight_array(w),
+                      weight=w if isinstance(w, ExternalData) else None)
+
+
+def infer_shapes(nodes, context, fold, inline=True):
+    """Each node's shape rule on concrete shapes, in order; with `fold`, known values computed now;
+    with `inline`, an If whose condition is known by then is replaced by the branch it takes.
 
     Folding runs inside this walk, node by node, because later shape rules need the
     values it produces (a Reshape's shape computed from a Shape). A node whose shape
@@ -205,12 +214,23 @@ def infer_shapes(nodes, context, fold):
     infos = {name: TensorInfo(tuple(shape), np.dtype(dtype))
              for name, (shape, dtype) in context.feeds.items()}
     for name, w in nodes.weights.items():
-        infos[name] = TensorInfo(tuple(w.shape), np.dtype(w.dtype), weight_array(w),
-                                 weight=w if isinstance(w, ExternalData) else None)
+        infos[name] = _weight_info(w)
     steps = []
     dynamic = set()  # values whose shapes are known only when the model runs
-    for node in nodes.nodes:
+    defined = set(infos) | {o for node in nodes.nodes for o in node.outputs if o}  # for inline_if
+    pending = list(reversed(nodes.nodes))  # a stack: an inlined If pushes its branch's nodes
+    while pending:
+        node = pending.pop()
         pass_name = "infer_shapes"
+        cond = infos.get(node.inputs[0]) if inline and node.inputs and node.inputs[0] else None
+        branch = taken_branch(node, cond, defined) if cond is not None else None
+        if branch is not None:
+            spliced, branch_weights = inlined(node, branch)
+            for name, w in branch_weights.items():
+                infos[name] = _weight_info(w)
+            defined |= set(branch_weights) | {o for n in spliced for o in n.outputs if o}
+            pending.extend(reversed(spliced))
+            continue
         try:
             version = default_opset(graph, node.domain)
             kernel = instantiate(ops.lookup(node.domain, node.op_type, version), node, version,

@@ -87,6 +87,7 @@ class Executor:
                 self._out_after[spill.out_after].append(i)
             self._back_at[spill.back_at].append(i)
         self.last_io = None  # RunIO of the last run under a budget
+        self._bound = tuple(_bind(step) for step in plan.steps)
 
     def _take(self):
         with self._lock:
@@ -128,13 +129,16 @@ class Executor:
         state = self._take()
         try:
             env = list(state.table)
+            env.append(None)  # slot -1, an omitted input or output, reads None
             for name, (slot, _, _) in plan.feeds.items():
                 env[slot] = feeds[name]
             for slot, (shape, dtype) in plan.fresh.items():
                 env[slot] = np.empty(shape, dtype)
             # inf and NaN are values like any other here, as in onnxruntime: no warnings.
             with np.errstate(all="ignore"):
-                if self.prefetcher is None:
+                if self.prefetcher is None and profile is None and trace is None and stop_after is None:
+                    self._bound_steps(env)
+                elif self.prefetcher is None:
                     self._steps(env, profile, trace, stop_after)
                 else:
                     self._steps_within_budget(env, state, profile, trace, stop_after)
@@ -192,6 +196,32 @@ class Executor:
                 state.spill_file.written_bytes = state.spill_file.read_bytes = 0
             self.last_io = io
 
+    def _bound_steps(self, env):
+        """The steps in order, as `_steps` runs them without a budget, profile, trace or stop: the
+        plain loop, each step's kernel and slots bound when the executor was made."""
+        position = 0
+        try:
+            for position, (kind, run, ins, outs, scratch) in enumerate(self._bound):
+                if kind is _KERNEL:
+                    arrays = tuple([env[o] for o in outs])
+                    result = run(*[env[i] for i in ins], outs=arrays, scratch=tuple([env[s] for s in scratch]))
+                    if result is not None:
+                        _store(result, arrays)
+                elif kind is _ALIAS:
+                    env[outs] = env[ins].reshape(scratch)
+                else:
+                    self._eager(position, self.plan.steps[position], env)
+        except Exception as e:  # noqa: BLE001 - every failure must name the node
+            raise located(e, "EXECUTE", None, self.plan.steps[position].node) from e
+
+    def _eager(self, position, step, env):
+        kernel = self._take_kernel(position, step)
+        try:
+            _run_eager(step, kernel, env)
+        finally:
+            with self._lock:
+                self._eager_kernels[position].append(kernel)
+
     def _steps(self, env, profile, trace, stop, before=None, after=None, banded=None):
         """The steps in order; `banded(position, step)` runs those the budget put in bands."""
         clock = time.perf_counter_ns
@@ -210,12 +240,7 @@ class Executor:
                 elif in_bands and in_bands[position] is not None:
                     banded(position, step)
                 elif step.eager:
-                    kernel = self._take_kernel(position, step)
-                    try:
-                        _run_eager(step, kernel, env)
-                    finally:
-                        with self._lock:
-                            self._eager_kernels[position].append(kernel)
+                    self._eager(position, step, env)
                 else:
                     args = [env[i] if i >= 0 else None for i in step.inputs]
                     outs = tuple(env[o] if o >= 0 else None for o in step.outputs)
@@ -235,6 +260,19 @@ class Executor:
                 profile.append((position, started, clock() - started))
             if trace is not None:
                 trace(step, [env[o] if o >= 0 else None for o in step.outputs])
+
+
+_KERNEL, _ALIAS, _EAGER = "kernel", "alias", "eager"
+
+
+def _bind(step):
+    """(kind, run, inputs, outputs, scratch) of a step for `_bound_steps`: a kernel's bound run
+    and its slots; an alias's source slot, output slot and shape; an eager step's kind alone."""
+    if step.alias_of >= 0:
+        return _ALIAS, None, step.alias_of, step.outputs[0], step.alias_shape
+    if step.eager:
+        return _EAGER, None, (), (), ()
+    return _KERNEL, step.kernel.run, tuple(step.inputs), tuple(step.outputs), tuple(step.scratch)
 
 
 def _run_eager(step, kernel, env):

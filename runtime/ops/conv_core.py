@@ -41,6 +41,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .activation import apply_activation
 
 # Largest scratch buffer (im2col columns, phase planes) one step asks for. The smallest
 # unit of work that needs more gets it: one output row (im2col) or one channel (planes).
@@ -302,11 +305,13 @@ class ConvPlan:
     c_in: int
     c_out: int
     group: int
-    method: str          # "pointwise", "gemm", "gemm-flat" (gemm with flat row copies) or "depthwise"
+    method: str          # "pointwise", "gemm", "gemm-flat" (gemm with flat row copies), "gemm-windows"
+                         # (gemm with one strided copy of all windows) or "depthwise"
     tiles: object        # "gemm": ConvTile per tile; "depthwise": a DepthwisePlan (channels
                          # first) or a DepthwiseTile per tile (channels last)
     scratch_elems: int
     dtype: np.dtype
+    windows: object = None  # "gemm-windows": its WindowCopy
 
     def scratch(self):
         """The scratch request of PREPARE: [(shape, dtype)] (empty when none is needed)."""
@@ -356,8 +361,90 @@ def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FI
             zeros.extend(slot(g) for g in t.gaps)
         tiles.append(ConvTile((r0, r1), cols_shape, tuple(copies), tuple(zeros)))
     scratch = c_in_g * taps * rest * per_tile
+    if layout == CHANNELS_FIRST and len(ranges) == 1 and (scratch <= WINDOW_COPY_ELEMS or taps >= WINDOW_COPY_TAPS):
+        windows = _window_copy(window)
+        padded = math.prod(windows.padded) * c_in_g if windows.padded is not None else 0
+        tile = ConvTile(ranges[0], tiles[0].cols_shape, (), ())
+        return ConvPlan(window, layout, c_in, c_out, group, "gemm-windows", (tile,), scratch + padded, dtype, windows)
     return ConvPlan(window, layout, c_in, c_out, group, "gemm" if not flat else "gemm-flat",
                     tuple(tiles), scratch, dtype)
+
+
+# A convolution whose columns are this small, or that has this many taps, builds them with
+# one strided copy ("gemm-windows") rather than one copy per tap: in a small one the
+# Python of a copy per tap is the cost (silero VAD's 256-tap STFT: 256 copies of 4 elements).
+WINDOW_COPY_ELEMS = 64 * 1024
+WINDOW_COPY_TAPS = 32
+
+
+@dataclass(frozen=True)
+class WindowCopy:
+    """im2col of a whole image (channels first) in two copies: the image into a zero-bordered
+    buffer when the window pads it, then the strided view of all its windows, (C, *kernel,
+    *out), into the columns."""
+    padded: tuple | None  # the padded image's spatial shape; None: the windows are the input's own
+    inside: tuple         # where the image lies in it (slices)
+    kernel_steps: tuple   # per spatial dim, elements between a window's taps (the dilation)
+    out_steps: tuple      # per spatial dim, elements between windows (the stride)
+
+
+def _window_copy(window):
+    padded = None
+    if any(window.pads_begin) or any(window.pads_end):
+        padded = tuple(i + b + e for i, b, e in zip(window.in_spatial, window.pads_begin, window.pads_end))
+    inside = tuple(slice(b, b + i) for b, i in zip(window.pads_begin, window.in_spatial))
+    return WindowCopy(padded, inside, tuple(window.dilations), tuple(window.strides))
+
+
+def _window_columns(x_g, cols, how, spare):
+    """cols (C, *kernel, *out) <- every window of x_g (C, *in), through `spare` when padded."""
+    if how.padded is not None:
+        padded = spare[:x_g.shape[0] * math.prod(how.padded)].reshape(x_g.shape[0], *how.padded)
+        padded[...] = 0  # the border: scratch is shared with other steps
+        padded[(slice(None),) + how.inside] = x_g
+        x_g = padded
+    np.copyto(cols, _windows_view(x_g, cols.shape, how))
+
+
+def _windows_view(source, shape, how):
+    """The read-only strided view (C, *kernel, *out) of every window of `source` (C, *in)."""
+    c_stride, spatial = source.strides[0], source.strides[1:]
+    strides = ((c_stride,) + tuple(s * k for s, k in zip(spatial, how.kernel_steps))
+               + tuple(s * o for s, o in zip(spatial, how.out_steps)))
+    if source.flags.c_contiguous:  # a view made directly: as_strided costs ten times as much
+        view = np.ndarray(shape, source.dtype, source, 0, strides)
+        view.flags.writeable = False
+        return view
+    return as_strided(source, shape, strides, writeable=False)
+
+
+def _conv_windows(x, w, bias, out, plan, scratch, activation):
+    """The "gemm-windows" path (channels first, one tile): per image and group, the columns in
+    one strided copy, then one GEMM; lean, since the convolutions it serves are small."""
+    how, group, taps = plan.windows, plan.group, plan.window.taps
+    c_in_g, c_out_g = plan.c_in // group, plan.c_out // group
+    cols_shape = plan.tiles[0].cols_shape
+    size = math.prod(cols_shape)
+    cols = scratch[:size].reshape(cols_shape)
+    matrix = cols.reshape(c_in_g * taps, -1)
+    w_mat = w.reshape(plan.c_out, -1)
+    if how.padded is not None:
+        padded = scratch[size:size + c_in_g * math.prod(how.padded)].reshape(c_in_g, *how.padded)
+        padded.fill(0)  # the border: scratch is shared with other steps
+        inside = padded[(slice(None),) + how.inside]
+        windows = _windows_view(padded, cols_shape, how)
+    for n in range(out.shape[0]):
+        out_mat = out[n].reshape(plan.c_out, -1)
+        for g in range(group):
+            x_g = x[n, g * c_in_g:(g + 1) * c_in_g]
+            if how.padded is not None:
+                np.copyto(inside, x_g)
+            else:
+                windows = _windows_view(x_g, cols_shape, how)
+            np.copyto(cols, windows)
+            np.matmul(w_mat[g * c_out_g:(g + 1) * c_out_g], matrix, out=out_mat[g * c_out_g:(g + 1) * c_out_g])
+    _bias_activation(out, bias, activation, CHANNELS_FIRST)
+    return out
 
 
 def _flat_rows(window, layout):
@@ -411,6 +498,8 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
         return out
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
+    if plan.windows is not None:
+        return _conv_windows(x, w, bias, out, plan, scratch, activation)
     group, layout = plan.group, plan.layout
     c_in_g, c_out_g = plan.c_in // group, plan.c_out // group
     rest = math.prod(plan.window.out_spatial[1:])
@@ -490,7 +579,9 @@ def _columns(x, n, tile, plan, scratch, built=False):
     (Cin * taps, pixels); last: (pixels, taps * Cin)); `built`: it is there already."""
     size = math.prod(tile.cols_shape)
     cols = scratch[:size].reshape(tile.cols_shape)
-    if not built:
+    if not built and plan.windows is not None:
+        _window_columns(x[n], cols, plan.windows, scratch[size:])
+    elif not built:
         if plan.method == "gemm-flat":
             x_n = x[n].reshape(plan.c_in, -1)
             runs = cols.reshape(plan.c_in, plan.window.taps, -1)
@@ -531,7 +622,6 @@ def _bias_activation(out, bias, activation, layout, batched=True):
             bias = bias.reshape(bias.shape[0], *(1,) * spatial)
         np.add(out, bias, out=out)
     if activation is not None:
-        from .activation import apply_activation
         apply_activation(out, activation)
 
 
@@ -952,7 +1042,6 @@ def conv_transpose(x, w, bias, out, plan, scratch=None, activation=None):
                         else:
                             np.copyto(target, plane)
     if activation is not None:
-        from .activation import apply_activation
         apply_activation(out, activation)
     return out
 

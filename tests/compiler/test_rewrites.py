@@ -103,3 +103,57 @@ def test_constant_nodes_of_every_numeric_form_and_a_graph_output_keep_their_valu
              helper.make_node("Reshape", ["b", "i"], ["y"])]
     model = make_model(nodes, [("x", np.zeros((3,), np.float32))], [("y", None), ("out", None)])
     check_model(model, {"x": np.array([1.0, 2.0, -4.0], np.float32)})
+
+
+# --- inline_if ------------------------------------------------------------------------------------
+
+def shape_test_if(inner_if=False):
+    """As exporters write it: "is dim 0 of x 1? then Squeeze it, else pass it on", on a known shape.
+    The then branch reads the outer weight `w` (an Add); with `inner_if` it holds an If of its own."""
+    then_nodes = [helper.make_node("Squeeze", ["x", "axes"], ["sq"]),
+                  helper.make_node("Add", ["sq", "w"], ["t"])]
+    if inner_if:
+        inner = helper.make_graph([helper.make_node("Neg", ["t"], ["n"])], "inner_then", [],
+                                  [helper.make_tensor_value_info("n", 1, None)])
+        other = helper.make_graph([helper.make_node("Identity", ["t"], ["i"])], "inner_else", [],
+                                  [helper.make_tensor_value_info("i", 1, None)])
+        then_nodes += [helper.make_node("Size", ["t"], ["size"]),
+                       helper.make_node("Greater", ["size", "two"], ["big"]),
+                       helper.make_node("If", ["big"], ["t2"], then_branch=inner, else_branch=other)]
+    last = "t2" if inner_if else "t"
+    then_branch = helper.make_graph(then_nodes, "then", [], [helper.make_tensor_value_info(last, 1, None)],
+                                    [helper.make_tensor("axes", 7, [1], [0]), helper.make_tensor("two", 7, [], [2])])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", 1, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["dim"], axis=0),
+             helper.make_node("Equal", ["dim", "one"], ["is_one"]),
+             helper.make_node("If", ["is_one"], ["y"], then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("Relu", ["y"], ["z"])]
+    return make_model(nodes, [("x", np.zeros((1, 3), np.float32))], [("z", None)],
+                      [("w", np.array([1.0, -2.0, 3.0], np.float32)), ("zero", np.array(0, np.int64)),
+                       ("one", np.array(1, np.int64))])
+
+
+@pytest.mark.parametrize("inner_if", [False, True])
+def test_an_if_whose_condition_is_known_becomes_its_branch(inner_if):
+    model = shape_test_if(inner_if)
+    x = np.array([[0.5, 1.0, -4.0]], np.float32)
+    check_model(model, {"x": x})
+    on, off = session(model), session(model, {"inline_if"})
+    for sess in (on, off):
+        sess.run(None, {"x": x})
+    assert "If" not in [s.op_type for s in on._last.steps]
+    assert "If" in [s.op_type for s in off._last.steps]
+
+
+def test_an_if_whose_branch_reuses_a_name_of_the_graph_stays_an_if():
+    branch = helper.make_graph([helper.make_node("Neg", ["x"], ["z"])], "b", [],
+                               [helper.make_tensor_value_info("z", 1, None)])
+    nodes = [helper.make_node("Neg", ["x"], ["z"]),  # a sibling name, as a careless exporter may write
+             helper.make_node("If", ["yes"], ["y"], then_branch=branch, else_branch=branch)]
+    model = make_model(nodes, [("x", np.zeros((2,), np.float32))], [("y", None), ("z", None)],
+                       [("yes", np.array(True))])
+    sess = session(model)
+    assert [a.tolist() for a in sess.run(None, {"x": np.array([1.0, 2.0], np.float32)})] == [[-1, -2], [-1, -2]]
+    assert "If" in [s.op_type for s in sess._last.steps]

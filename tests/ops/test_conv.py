@@ -50,10 +50,28 @@ CONV_2D = [
 ]
 
 
+@pytest.fixture(params=["windows", "per tap"])
+def im2col(request, monkeypatch):
+    """Both ways small convolutions build their columns: one strided copy of every window (what
+    they take), and a copy per tap (what larger ones take)."""
+    if request.param == "per tap":
+        monkeypatch.setattr(conv_core, "WINDOW_COPY_ELEMS", 0)
+        monkeypatch.setattr(conv_core, "WINDOW_COPY_TAPS", 1 << 30)
+    return request.param
+
+
 @pytest.mark.parametrize("x_shape, w_shape, attrs", CONV_2D)
 @pytest.mark.parametrize("bias", [True, False])
-def test_conv_2d(x_shape, w_shape, attrs, bias):
+def test_conv_2d(x_shape, w_shape, attrs, bias, im2col):
     _conv_case(x_shape, w_shape, attrs, bias=bias)
+
+
+def test_small_convolutions_build_their_columns_in_one_strided_copy(im2col):
+    window = conv_core.make_window((9, 8), (3, 3), (2, 1), (1, 2), (1, 2, 0, 1))
+    plan = conv_core.conv_plan(window, 4, 6)
+    assert (plan.method == "gemm-windows") == (im2col == "windows")
+    stft = conv_core.conv_plan(conv_core.make_window((1024,), (256,), (128,)), 1, 258)
+    assert (stft.method == "gemm-windows") == (im2col == "windows")  # many taps
 
 
 GROUPED = [
@@ -93,7 +111,7 @@ def test_conv_same_with_dilation(auto_pad, pads):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", GROUPED)
-def test_conv_grouped(x_shape, w_shape, attrs):
+def test_conv_grouped(x_shape, w_shape, attrs, im2col):
     _conv_case(x_shape, w_shape, attrs)
 
 
