@@ -27,6 +27,8 @@ from .threads import limited
 from .plan_cache import PlanCache
 from .report import PhaseRecorder
 
+MEMORY_EVERY = 64  # runs between two readings of the process's RSS and HWM after the first ones
+
 _ONNX_TYPE = {np.dtype(k): v for k, v in {
     "float32": "float", "float64": "double", "float16": "float16", "int8": "int8",
     "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",
@@ -216,15 +218,25 @@ class InferenceSession:
         profile = [] if self._profiler else None
         trace = getattr(run_options, "trace", None)
         stop = _stop_position(executor.plan, getattr(run_options, "stop_after", None))
+        # Memory is measured (polled, with enable_mem_poll) on the session's first runs, a plan's
+        # first, and every MEMORY_EVERY runs: a run repeats the last one's memory, and polling costs
+        # ~75 us a run, a quarter of a small model's.
+        runs = self._recorder.runs
+        measure = runs < 4 or executor.plan is not self._last or runs % MEMORY_EVERY == 0
         started = time.perf_counter_ns()
-        with limited(self._options.intra_op_num_threads), self._recorder.phase("EXECUTE"):
-            results = executor.run(feeds, profile, trace, stop)
+        if measure and self._recorder.poll:
+            with limited(self._options.intra_op_num_threads), self._recorder.phase("EXECUTE"):
+                results = executor.run(feeds, profile, trace, stop)
+        else:
+            with limited(self._options.intra_op_num_threads):
+                results = executor.run(feeds, profile, trace, stop)
+            self._recorder.record_run((time.perf_counter_ns() - started) / 1e6, measure)
         if executor.last_io is not None:
             self._run_io.append(executor.last_io)
         if profile is not None:
             self._profiler.run(executor.plan, profile, started, time.perf_counter_ns())
         self._last = executor.plan
-        self._last_outputs = {n: (list(a.shape), str(a.dtype)) for n, a in results.items()}
+        self._last_outputs = {n: (a.shape, a.dtype) for n, a in results.items()}
         outputs = [v.name for v in self._graph.outputs]
         if output_names is None:
             output_names = outputs
@@ -333,7 +345,7 @@ class InferenceSession:
                 "plans": len(self._plans.plans(self._graph)),
                 **_budget_figures(plan, self._memory_budget),
             },
-            "outputs": {n: {"shape": s, "dtype": d} for n, (s, d) in self._last_outputs.items()},
+            "outputs": {n: {"shape": list(s), "dtype": str(d)} for n, (s, d) in self._last_outputs.items()},
         }
         return report
 

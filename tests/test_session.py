@@ -191,3 +191,16 @@ def test_intra_op_num_threads_bounds_blas_during_a_run_only(tmp_path):
     made = nnrun.threads.controller()
     sess.run(None, x)
     assert nnrun.threads.controller() is made
+
+
+def test_execute_figures_stay_bounded_and_memory_is_read_on_the_first_runs(monkeypatch):
+    import nnrun.report
+
+    monkeypatch.setattr(nnrun.report, "RECENT_RUNS", 5)
+    sess = nnrun.InferenceSession(conv_relu_model().SerializeToString())
+    x = np.zeros((1, 3, 10, 10), np.float32)
+    for _ in range(12):
+        sess.run(None, {"x": x})
+    execute = sess.report()["phases"]["EXECUTE"]
+    assert execute["runs"] == 12 and len(sess._recorder.times["EXECUTE"]) == 5
+    assert execute["rss_kb"] > 0 and execute["hwm_kb"] >= execute["rss_kb"]
