@@ -727,9 +727,13 @@ class DepthwiseTile:
 
 @dataclass(frozen=True)
 class DepthwisePlan:
-    """Channels first: phase planes of `block` channels at a time. Channels last: row tiles."""
+    """Channels first: phase planes of `block` channels at a time. Each tap is a multiply-add over
+    the planes, or (`gemm`) the taps' shifted rows are copied into columns and one batched GEMM
+    per block sums them: numpy multiplies a row by a per-channel weight ~70 ns per row slower
+    than by a scalar, which short rows (a 2x96 image) cannot hide."""
     grid: PhaseGrid | None
     block: int
+    gemm: bool = False
 
 
 @dataclass(frozen=True)
@@ -740,12 +744,16 @@ class TransposedDepthwise:
     (7x7: 63 elements) and a channels-last row is long (960 channels)."""
     padded: tuple  # the padded image's spatial shape
     inside: tuple  # where the image lies in it (slices)
-    taps: tuple    # per kernel tap: (its index, the padded image's slices it reads)
+    tiles: tuple   # per tile of output rows: ((r0, r1), per kernel tap: (its index, the padded slices it reads))
 
 
 # Phase planes of a channel block, with its accumulator and product, stay within this (a
 # share of L2): each of the taps passes over them twice.
 DEPTHWISE_BLOCK = 1024 * 1024
+# The batched GEMM serves a depthwise conv whose block of channels holds at least this many,
+# and whose planes' rows are this long (shorter: a GEMM per channel costs more than it sums).
+GEMM_MIN_CHANNELS = 8
+GEMM_MIN_ROW = 128
 
 
 def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
@@ -753,6 +761,15 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
     rest = math.prod(window.out_spatial[1:])
     if layout == CHANNELS_FIRST:
         grid = phase_grid(window)
+        taps = len(grid.taps)
+        planes = len(grid.fills) * grid.plane_size
+        # Columns and weights of GEMM_MIN_CHANNELS channels fit a block: the batched GEMM.
+        gemm_channel = planes + multiplier * grid.q_size + taps * grid.q_size + multiplier * taps
+        if (grid.q_size >= GEMM_MIN_ROW
+                and gemm_channel * dtype.itemsize * GEMM_MIN_CHANNELS <= min(scratch_limit, DEPTHWISE_BLOCK)):
+            block = _block_size(c, gemm_channel, dtype, min(scratch_limit, DEPTHWISE_BLOCK))
+            return ConvPlan(window, layout, c, c_out, c, "depthwise", DepthwisePlan(grid, block, gemm=True),
+                            gemm_channel * block, dtype)
         if grid.q_size >= c:
             # Per channel: its phase planes, and the accumulator and product of its M outputs.
             per_channel = len(grid.fills) * grid.plane_size + 2 * multiplier * grid.q_size
@@ -761,11 +778,11 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
                             per_channel * block, dtype)
         padded = tuple(i + b + e for i, b, e in zip(window.in_spatial, window.pads_begin, window.pads_end))
         inside = tuple(slice(b, b + i) for b, i in zip(window.pads_begin, window.in_spatial))
-        taps = tuple((tap, tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, o, s in
-                                 zip(tap, window.dilations, window.out_spatial, window.strides)))
-                     for tap in np.ndindex(*window.kernel))
-        images = c * math.prod(padded) + 2 * c_out * math.prod(window.out_spatial)
-        return ConvPlan(window, layout, c, c_out, c, "depthwise", TransposedDepthwise(padded, inside, taps),
+        ranges, per_tile = _row_tiles(window.out_spatial[0], c_out * rest * dtype.itemsize, CACHE_TILE)
+        tiles = tuple(((r0, r1), tuple((tap, _tap_rows(window, tap, r0, r1)) for tap in np.ndindex(*window.kernel)))
+                      for r0, r1 in ranges)
+        images = c * math.prod(padded) + c_out * math.prod(window.out_spatial) + c_out * rest * per_tile
+        return ConvPlan(window, layout, c, c_out, c, "depthwise", TransposedDepthwise(padded, inside, tiles),
                         images, dtype)
     # Channels last: a tap's window is (rows, width*channels), long contiguous runs already.
     tiles, per_tile = _channels_last_tiles(window, c_out * rest * dtype.itemsize, with_taps=True)
@@ -851,6 +868,14 @@ def _depthwise_rows(x, w_taps, bias, out, tiles, scratch, activation, c, multipl
         _bias_activation(out[r0:r1], bias, activation, CHANNELS_LAST, batched=False)
 
 
+def _tap_rows(window, tap, r0, r1):
+    """The slices of the padded image that a tap reads for output rows [r0, r1)."""
+    k, d, s = tap[0], window.dilations[0], window.strides[0]
+    first = (slice(k * d + r0 * s, k * d + (r1 - 1) * s + 1, s),)
+    return first + tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, o, s in
+                         zip(tap[1:], window.dilations[1:], window.out_spatial[1:], window.strides[1:]))
+
+
 def _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation):
     how, window = plan.tiles, plan.window
     c, multiplier = plan.c_in, plan.c_out // plan.c_in
@@ -861,20 +886,23 @@ def _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation):
     lanes = (c,) if multiplier == 1 else (c, multiplier)
     taps = w_taps.reshape(*w_taps.shape[:-2], *lanes)
     acc = scratch[in_size:in_size + out_size].reshape(*window.out_spatial, *lanes)
-    tmp = scratch[in_size + out_size:in_size + 2 * out_size].reshape(acc.shape)
+    spare = scratch[in_size + out_size:]
     padded[...] = 0  # the border; scratch is shared with other steps
     spatial_first = tuple(range(1, len(window.in_spatial) + 1)) + (0,)
     channels_first = (len(window.out_spatial),) + tuple(range(len(window.out_spatial)))
     image = padded[how.inside]
     for n in range(out.shape[0]):
         np.copyto(image, x[n].transpose(spatial_first))
-        for k, (tap, src) in enumerate(how.taps):
-            window_of_tap = padded[src] if multiplier == 1 else padded[src][..., None]
-            if k == 0:
-                np.multiply(window_of_tap, taps[tap], out=acc)
-            else:
-                np.multiply(window_of_tap, taps[tap], out=tmp)
-                np.add(acc, tmp, out=acc)
+        for (r0, r1), tile_taps in how.tiles:
+            acc_t = acc[r0:r1]
+            tmp = spare[:acc_t.size].reshape(acc_t.shape)
+            for k, (tap, src) in enumerate(tile_taps):
+                window_of_tap = padded[src] if multiplier == 1 else padded[src][..., None]
+                if k == 0:
+                    np.multiply(window_of_tap, taps[tap], out=acc_t)
+                else:
+                    np.multiply(window_of_tap, taps[tap], out=tmp)
+                    np.add(acc_t, tmp, out=acc_t)
         result = acc.reshape(*window.out_spatial, plan.c_out)
         _bias_activation(result, bias, activation, CHANNELS_LAST, batched=False)
         np.copyto(out[n], result.transpose(channels_first))
@@ -897,16 +925,11 @@ def _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation):
             phases = len(grid.fills) * b * grid.plane_size
             planes = scratch[:phases].reshape(len(grid.fills), b, grid.plane_size)
             acc = scratch[phases:phases + b * multiplier * grid.q_size].reshape(b, multiplier, grid.q_size)
-            tmp = scratch[phases + acc.size:phases + 2 * acc.size].reshape(acc.shape)
             _fill_planes(planes, x[n, c0:c1], grid, 0)
-            for t, (p, offset) in enumerate(grid.taps):
-                shifted = planes[p, :, None, offset:offset + grid.q_size]
-                weight = w_flat[t, c0:c1, :, None]
-                if t == 0:
-                    np.multiply(shifted, weight, out=acc)
-                else:
-                    np.multiply(shifted, weight, out=tmp)
-                    np.add(acc, tmp, out=acc)
+            if plan.tiles.gemm:
+                _depthwise_gemm(planes, w_flat[:, c0:c1], acc, grid, scratch[phases + acc.size:])
+            else:
+                _depthwise_taps(planes, w_flat[:, c0:c1], acc, grid, scratch[phases + acc.size:])
             result = acc.reshape(b, multiplier, *grid.q_shape)[(full, full) + grid.out_index]
             if bias is not None:
                 np.add(result, bias[c0:c1], out=out_n[c0:c1])
@@ -915,6 +938,32 @@ def _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation):
             if activation is not None:
                 _bias_activation(out[n, c0 * multiplier:c1 * multiplier], None, activation, plan.layout)
     return out
+
+
+def _depthwise_taps(planes, w_block, acc, grid, spare):
+    """acc (b, M, q) = sum over taps of each tap's shifted planes times its weights, tap by tap."""
+    tmp = spare[:acc.size].reshape(acc.shape)
+    for t, (p, offset) in enumerate(grid.taps):
+        shifted = planes[p, :, None, offset:offset + grid.q_size]
+        weight = w_block[t, :, :, None]
+        if t == 0:
+            np.multiply(shifted, weight, out=acc)
+        else:
+            np.multiply(shifted, weight, out=tmp)
+            np.add(acc, tmp, out=acc)
+
+
+def _depthwise_gemm(planes, w_block, acc, grid, spare):
+    """acc (b, M, q) = the same sum as one batched GEMM: (b, M, taps) @ (b, taps, q), the columns
+    copied from the taps' shifted planes (contiguous rows: plain copies)."""
+    b, multiplier, q = acc.shape
+    taps = len(grid.taps)
+    cols = spare[:b * taps * q].reshape(b, taps, q)
+    weights = spare[cols.size:cols.size + b * multiplier * taps].reshape(b, multiplier, taps)
+    for t, (p, offset) in enumerate(grid.taps):
+        np.copyto(cols[:, t], planes[p, :, offset:offset + q])
+    np.copyto(weights, w_block.transpose(1, 2, 0))
+    np.matmul(weights, cols, out=acc)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,6 +66,15 @@ def test_conv_2d(x_shape, w_shape, attrs, bias, im2col):
     _conv_case(x_shape, w_shape, attrs, bias=bias)
 
 
+def test_each_depthwise_path_is_chosen_where_it_serves():
+    def plan(c, size, kernel=3):
+        return conv_core.conv_plan(conv_core.make_window((size, size), (kernel, kernel), pads=[1] * 4), c, c, c).tiles
+    assert plan(16, 14).gemm  # the cases above: a batched GEMM
+    assert isinstance(plan(96, 5), conv_core.TransposedDepthwise)  # short rows, many channels
+    assert not plan(32, 112).gemm  # large images: tap by tap over the planes
+    assert not plan(6, 9).gemm and isinstance(plan(6, 9), conv_core.DepthwisePlan)
+
+
 def test_small_convolutions_build_their_columns_in_one_strided_copy(im2col):
     window = conv_core.make_window((9, 8), (3, 3), (2, 1), (1, 2), (1, 2, 0, 1))
     plan = conv_core.conv_plan(window, 4, 6)
@@ -85,6 +94,10 @@ GROUPED = [
     ((2, 6, 8, 7), (4, 3, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
     ((1, 8, 9, 9), (12, 2, 3, 3), {"group": 4, "strides": [2, 2], "dilations": [1, 2]}),
     ((1, 8, 7, 7), (8, 4, 1, 1), {"group": 2}),
+    # rows of 128 or more, eight channels or more to a block: one batched GEMM sums the taps
+    ((2, 16, 12, 14), (16, 1, 3, 3), {"group": 16, "pads": [1, 1, 1, 1]}),
+    ((1, 12, 20, 17), (24, 1, 5, 3), {"group": 12, "pads": [2, 0, 1, 1], "strides": [2, 1]}),  # multiplier 2
+    ((1, 10, 24, 30), (10, 1, 3, 3), {"group": 10, "pads": [2, 2, 2, 2], "dilations": [2, 2], "strides": [2, 2]}),
     # more channels than the phase planes' rows are long: run channels last
     ((2, 96, 5, 4), (96, 1, 3, 3), {"group": 96, "pads": [1, 1, 1, 1]}),
     ((1, 80, 6, 7), (160, 1, 3, 3), {"group": 80, "pads": [1, 0, 2, 1], "strides": [2, 1]}),   # multiplier 2
