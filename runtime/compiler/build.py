@@ -5,7 +5,7 @@ from one frozen stage (stages.py) to the next:
 
     check_supported, capture_outer_values, topological_order   the graph as it may run
     constants_as_weights, fold_batchnorm, flush_denormals,
-    fuse_activations                                           rewrites (switchable)
+    fuse_patterns, fuse_activations                            rewrites (switchable)
     infer_shapes (with fold_constants), drop_dead              what every value is
     prepare_kernels                                            packing and scratch
     arena_buffers, memory_aware_order, lifetimes,
@@ -35,6 +35,7 @@ from .plan import (ALIAS, ARENA, CACHED, CONSTANT, EAGER, FEED, FRESH, MAPPED, M
                    ArenaSlot, Plan, PlannedStep, ValueSlot, WeightRead)
 from .release import EagerRelease, mapped_weights, release_unused
 from .denormals import flush_denormal_weights
+from .fuse_patterns import fuse_patterns
 from .inline import inlined, taken_branch
 from .rewrite import capture_outer_values, constants_as_weights, fold_batchnorm, fuse_activations
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
@@ -114,6 +115,9 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
     nodes = run("constants_as_weights", constants_as_weights_pass, nodes, context)
     nodes = run("fold_batchnorm", fold_batchnorm_pass, nodes, context)
     nodes = run("flush_denormals", flush_denormals_pass, nodes, context)
+    nodes = run("fuse_patterns", lambda n, c: NodeList(tuple(fuse_patterns(list(n.nodes), n.weights,
+                                                                           set(c.outputs))), n.weights),
+                nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"),
                  run.enabled("inline_if"))

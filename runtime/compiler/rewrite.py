@@ -13,6 +13,7 @@ import numpy as np
 from ..ir import Graph, Node
 from ..weights import ExternalData, weight_array
 from ..ops.activation import FUSABLE
+from ..ops.registry import FUSED
 
 
 def weight_identity(value):
@@ -162,7 +163,7 @@ def fuse_activations(nodes, weights, graph_outputs, producers=("Conv", "Gemm", "
             continue
         j = users[y][0]
         act = nodes[j]
-        if act.op_type not in FUSABLE or act.domain or act.inputs[0] != y:
+        if act.op_type not in FUSABLE or act.domain not in ("", FUSED) or act.inputs[0] != y:
             continue
         activation = _activation_params(act, weights)
         if activation is None:

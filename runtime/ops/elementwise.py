@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelError
 from . import activation, bands
-from .registry import Inferred, Kernel, TensorInfo, register
+from .registry import FUSED, Inferred, Kernel, TensorInfo, lookup, register
 
 
 def broadcast_shape(node, *shapes):
@@ -386,6 +386,7 @@ class Activation(Unary):
 # Activations without attributes: the formula is all there is to them.
 for _op, _since in (("Relu", 6), ("Sigmoid", 6), ("Tanh", 6), ("HardSwish", 14)):
     register(_op, _since)(type(_op, (Activation,), {}))
+register("HardSwish", 1, FUSED)(lookup("", "HardSwish", 14))
 
 
 @register("LeakyRelu", since=6)
@@ -492,6 +493,7 @@ class Erf(Unary):
             self.ufunc(x, out=out)
 
 
+@register("Gelu", since=1, domain=FUSED)
 @register("Gelu", since=20)
 class Gelu(Unary):
     attributes = {"approximate": "none"}

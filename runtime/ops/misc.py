@@ -19,7 +19,7 @@ from ..errors import ExecutionError
 from . import conv_core
 from .activation import sigmoid
 from .pool import _WindowPool
-from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
+from .registry import FUSED, REQUIRED, Inferred, Kernel, TensorInfo, register
 from .select import CumSum
 from .shape import int_list, known_value, normalize_axis, onnx_dtype, sane_shape
 
@@ -92,6 +92,7 @@ class Dropout12(Dropout10):
 
 # Activations
 
+@register("Swish", since=1, domain=FUSED)
 @register("Swish", since=24)
 class Swish(Kernel):
     """Y = X * sigmoid(alpha * X)."""

@@ -60,6 +60,10 @@ class NeedsValueError(ModelError):
 
 _registry = {}  # (domain, op_type) -> sorted list of (since, cls)
 
+# The domain of the nodes the compiler's fuse_patterns makes (GELU, HardSwish, SiLU written out op
+# by op): their kernels are the ONNX ones, registered here too for every opset of a model.
+FUSED = "nnrun.fused"
+
 
 class Inferred(list):
     """A shape rule's result: the output TensorInfos (it is their list) and, in `derived`,

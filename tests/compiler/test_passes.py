@@ -57,7 +57,7 @@ def test_every_pass_is_named_once_and_the_switchable_ones_are_known():
     assert len(names) == len(set(names))
     assert set(SWITCHABLE) == {"constants_as_weights", "fold_batchnorm", "flush_denormals", "fuse_activations",
                                "fold_constants", "memory_aware_order",
-                               "inline_if", "release_weights"}
+                               "inline_if", "fuse_patterns", "release_weights"}
 
 
 def test_unknown_or_required_passes_cannot_be_disabled():

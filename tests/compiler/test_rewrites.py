@@ -157,3 +157,74 @@ def test_an_if_whose_branch_reuses_a_name_of_the_graph_stays_an_if():
     sess = session(model)
     assert [a.tolist() for a in sess.run(None, {"x": np.array([1.0, 2.0], np.float32)})] == [[-1, -2], [-1, -2]]
     assert "If" in [s.op_type for s in sess._last.steps]
+
+
+# --- fuse_patterns --------------------------------------------------------------------------------
+
+def scalar(name, value):
+    return (name, np.array(value, np.float32))
+
+
+GELU_FORMS = {
+    # x * 0.5 * (1 + erf(x / sqrt 2)): PyTorch and Paddle's order
+    "div, x first": ([helper.make_node("Div", ["x", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                      helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+                      helper.make_node("Mul", ["m", "half"], ["y"])], [scalar("r2", np.sqrt(2))]),
+    # multiply by 1/sqrt 2, halve first
+    "mul, half first": ([helper.make_node("Mul", ["x", "ir2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                         helper.make_node("Add", ["one", "e"], ["a"]), helper.make_node("Mul", ["a", "half"], ["m"]),
+                         helper.make_node("Mul", ["m", "x"], ["y"])], [scalar("ir2", 1 / np.sqrt(2))]),
+    # (x * 0.5) * (1 + erf)
+    "halved x": ([helper.make_node("Div", ["x", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                  helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "half"], ["h"]),
+                  helper.make_node("Mul", ["h", "a"], ["y"])], [scalar("r2", np.sqrt(2))]),
+}
+HARD_SWISH_FORMS = {
+    "add clip mul div": [helper.make_node("Add", ["x", "three"], ["a"]),
+                         helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+                         helper.make_node("Mul", ["x", "c"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])],
+    "hard sigmoid": [helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
+                     helper.make_node("Mul", ["x", "h"], ["y"])],
+}
+PATTERNS = ([(f"gelu: {k}", nodes, weights, "Gelu") for k, (nodes, weights) in GELU_FORMS.items()]
+            + [(f"hardswish: {k}", nodes, [], "HardSwish") for k, nodes in HARD_SWISH_FORMS.items()]
+            + [("silu", [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])],
+                [], "Swish")])
+
+
+@pytest.mark.parametrize("what, nodes, weights, fused", PATTERNS, ids=[p[0] for p in PATTERNS])
+def test_activations_written_op_by_op_run_as_one_kernel(what, nodes, weights, fused):
+    constants = [scalar("one", 1.0), scalar("half", 0.5), scalar("three", 3.0), scalar("zero", 0.0),
+                 scalar("six", 6.0)] + weights
+    model = make_model(nodes + [helper.make_node("Neg", ["y"], ["z"])], [("x", np.zeros((2, 3, 50), np.float32))],
+                       [("z", None)], constants)
+    x = (rng(7).standard_normal((2, 3, 50)) * 4).astype(np.float32)
+    check_model(model, {"x": x})
+    on, off = session(model), session(model, {"fuse_patterns"})
+    results = [sess.run(None, {"x": x})[0] for sess in (on, off)]
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)  # the fused kernel, the ops
+    assert [s.op_type for s in on._last.steps] == [fused, "Neg"]
+    assert len(off._last.steps) > 2  # (fuse_activations may still put a Clip into its Add)
+
+
+def test_a_pattern_whose_inner_value_is_read_elsewhere_is_left_alone():
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
+    model = make_model(nodes, [("x", np.zeros((4,), np.float32))], [("y", None), ("s", None)])
+    sess = session(model)
+    check_model(model, {"x": np.linspace(-3, 3, 4).astype(np.float32)})
+    sess.run(None, {"x": np.zeros(4, np.float32)})
+    assert [s.op_type for s in sess._last.steps] == ["Sigmoid", "Mul"]
+
+
+def test_hard_swish_after_a_convolution_runs_inside_it():
+    w = rng(3).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1])] + [
+        helper.make_node(n.op_type, [{"x": "conv"}.get(i, i) for i in n.input], list(n.output), name=n.name)
+        for n in HARD_SWISH_FORMS["add clip mul div"]]
+    model = make_model(nodes, [("x", np.zeros((1, 3, 8, 8), np.float32))], [("y", None)],
+                       [("w", w), scalar("zero", 0.0), scalar("three", 3.0), scalar("six", 6.0)])
+    x = rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    check_model(model, {"x": x})
+    sess = session(model)
+    sess.run(None, {"x": x})
+    assert [s.op_type for s in sess._last.steps] == ["Conv"]

@@ -1,0 +1,190 @@
+"""Activations that exporters write out op by op, recognised and run as one kernel: `fuse_patterns`.
+
+    GELU       x * 0.5 * (1 + Erf(x / sqrt 2))      Div|Mul, Erf, Add, Mul, Mul (any order of the Muls)
+    HardSwish  x * Clip(x + 3, 0, 6) / 6            Add, Clip, Mul, Div|Mul;  or x * HardSigmoid(x, 1/6, 1/2)
+    SiLU       x * Sigmoid(x)                       Sigmoid, Mul
+
+Each pass over the tensor costs its whole size in memory traffic; the pattern's four or five
+become one kernel's (GELU: the fused kernel works in L2-sized blocks). The fused node is an op
+of the domain FUSED, whose kernels are the ONNX ones (Gelu, HardSwish, Swish) registered for
+every opset; it takes the name and index of the pattern's last node, so errors and profiles
+still name a node of the file. A value inside a pattern that anything else reads (or a graph
+output) leaves the pattern as it is.
+"""
+
+import math
+
+import numpy as np
+
+from ..ir import Node
+from ..ops.registry import FUSED
+from ..weights import weight_array
+
+
+def _constant(name, weights):
+    """The scalar value of weight `name` (any shape of one element), or None."""
+    if name not in weights:
+        return None
+    value = np.asarray(weight_array(weights[name]))
+    if value.size != 1 or value.dtype.kind != "f":
+        return None
+    return float(value.reshape(-1)[0])
+
+
+def _near(value, target):
+    return value is not None and math.isclose(value, target, rel_tol=1e-5, abs_tol=1e-7)
+
+
+class _Graph:
+    """Who reads each value, what the weights are: the queries a pattern asks."""
+
+    def __init__(self, nodes, weights, graph_outputs):
+        self.nodes, self.weights, self.outputs = nodes, weights, graph_outputs
+        self.readers, self.producer = {}, {}
+        for i, node in enumerate(nodes):
+            for name in node.inputs:
+                if name:
+                    self.readers.setdefault(name, []).append(i)
+            for name in node.outputs:
+                self.producer[name] = i
+
+    def only_reader(self, value, op_type):
+        """The node (index) that alone reads `value`, when it is a plain `op_type`; else None."""
+        readers = self.readers.get(value, ())
+        if len(readers) != 1 or value in self.outputs:
+            return None
+        node = self.nodes[readers[0]]
+        return readers[0] if node.op_type == op_type and not node.domain else None
+
+    def other_input(self, node, value):
+        """The input of a two-input node that is not `value` (None if both or neither are)."""
+        if len(node.inputs) != 2 or node.inputs.count(value) != 1:
+            return None
+        return node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+
+    def scalar_operand(self, node, value, target):
+        """Whether the other operand of two-input `node` beside `value` is the constant `target`."""
+        return _near(_constant(self.other_input(node, value), self.weights), target)
+
+
+def _gelu(g, i):
+    """GELU from Erf at index i: [indices of the pattern's nodes], input x, output; or None."""
+    erf = g.nodes[i]
+    if len(erf.inputs) != 1:
+        return None
+    scaled = erf.inputs[0]
+    first = g.producer.get(scaled)
+    if first is None:
+        return None
+    head = g.nodes[first]
+    if head.domain or g.only_reader(scaled, "Erf") is None or len(head.inputs) != 2:
+        return None
+    x = head.inputs[0]
+    if not ((head.op_type == "Div" and _near(_constant(head.inputs[1], g.weights), math.sqrt(2)))
+            or (head.op_type == "Mul" and g.scalar_operand(head, x, 1 / math.sqrt(2)))):
+        return None
+    add = g.only_reader(erf.outputs[0], "Add")
+    if add is None or not g.scalar_operand(g.nodes[add], erf.outputs[0], 1.0):
+        return None
+    one_plus = g.nodes[add].outputs[0]
+    mul = g.only_reader(one_plus, "Mul")
+    if mul is None:
+        return None
+    other = g.other_input(g.nodes[mul], one_plus)
+    if other == x:  # (1 + erf) * x, then * 0.5
+        half = g.only_reader(g.nodes[mul].outputs[0], "Mul")
+        if half is None or not g.scalar_operand(g.nodes[half], g.nodes[mul].outputs[0], 0.5):
+            return None
+        return [first, i, add, mul, half], x, g.nodes[half].outputs[0]
+    if _near(_constant(other, g.weights), 0.5):  # (1 + erf) * 0.5, then * x
+        times_x = g.only_reader(g.nodes[mul].outputs[0], "Mul")
+        if times_x is None or g.other_input(g.nodes[times_x], g.nodes[mul].outputs[0]) != x:
+            return None
+        return [first, i, add, mul, times_x], x, g.nodes[times_x].outputs[0]
+    halved = g.producer.get(other)  # (x * 0.5) * (1 + erf)
+    if (halved is None or g.only_reader(other, "Mul") is None or g.nodes[halved].op_type != "Mul"
+            or not g.scalar_operand(g.nodes[halved], x, 0.5)):
+        return None
+    return [first, halved, i, add, mul], x, g.nodes[mul].outputs[0]
+
+
+def _clip_bounds(g, node):
+    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    if len(node.inputs) > 1 and node.inputs[1]:
+        lo = _constant(node.inputs[1], g.weights)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        hi = _constant(node.inputs[2], g.weights)
+    return lo, hi
+
+
+def _hard_swish(g, i):
+    """HardSwish from the Add at index i (x + 3), or from a HardSigmoid(1/6, 1/2) at index i."""
+    node = g.nodes[i]
+    if node.op_type == "HardSigmoid":
+        if not (_near(node.attrs.get("alpha", 0.2), 1 / 6) and _near(node.attrs.get("beta", 0.5), 0.5)):
+            return None
+        x = node.inputs[0]
+        mul = g.only_reader(node.outputs[0], "Mul")
+        if mul is None or g.other_input(g.nodes[mul], node.outputs[0]) != x:
+            return None
+        return [i, mul], x, g.nodes[mul].outputs[0]
+    if len(node.inputs) != 2:
+        return None
+    x = next((n for n in node.inputs if _constant(n, g.weights) is None), None)
+    if x is None or not g.scalar_operand(node, x, 3.0):
+        return None
+    clip = g.only_reader(node.outputs[0], "Clip")
+    if clip is None or g.nodes[clip].inputs[0] != node.outputs[0]:
+        return None
+    lo, hi = _clip_bounds(g, g.nodes[clip])
+    if not (_near(lo, 0.0) and _near(hi, 6.0)):
+        return None
+    relu6 = g.nodes[clip].outputs[0]
+    mul = g.only_reader(relu6, "Mul")
+    if mul is None or g.other_input(g.nodes[mul], relu6) != x:
+        return None
+    product = g.nodes[mul].outputs[0]
+    last = g.only_reader(product, "Div")
+    if last is not None and g.nodes[last].inputs[0] == product and _near(_constant(g.nodes[last].inputs[1],
+                                                                                    g.weights), 6.0):
+        return [i, clip, mul, last], x, g.nodes[last].outputs[0]
+    last = g.only_reader(product, "Mul")
+    if last is not None and g.scalar_operand(g.nodes[last], product, 1 / 6):
+        return [i, clip, mul, last], x, g.nodes[last].outputs[0]
+    return None
+
+
+def _silu(g, i):
+    """SiLU from the Sigmoid at index i: x * Sigmoid(x)."""
+    sigmoid = g.nodes[i]
+    x = sigmoid.inputs[0]
+    mul = g.only_reader(sigmoid.outputs[0], "Mul")
+    if mul is None or g.other_input(g.nodes[mul], sigmoid.outputs[0]) != x:
+        return None
+    return [i, mul], x, g.nodes[mul].outputs[0]
+
+
+PATTERNS = (("Erf", _gelu, ("Gelu", {})), ("Add", _hard_swish, ("HardSwish", {})),
+            ("HardSigmoid", _hard_swish, ("HardSwish", {})), ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})))
+
+
+def fuse_patterns(nodes, weights, graph_outputs):
+    """The node list with each recognised pattern replaced by its fused node, at the place of the
+    pattern's last node (its inputs are all produced before any node of the pattern)."""
+    g = _Graph(nodes, weights, graph_outputs)
+    replaced, dropped = {}, set()
+    for i, node in enumerate(nodes):
+        if node.domain or i in dropped:
+            continue
+        for op_type, match, (fused_op, attrs) in PATTERNS:
+            if node.op_type != op_type:
+                continue
+            found = match(g, i)
+            if found is None or dropped.intersection(found[0]):
+                continue
+            members, x, y = found
+            last = nodes[max(members)]
+            replaced[max(members)] = Node(last.name, fused_op, FUSED, [x], [y], dict(attrs), last.index)
+            dropped.update(m for m in members if m != max(members))
+            break
+    return [replaced.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
