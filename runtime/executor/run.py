@@ -242,14 +242,15 @@ class Executor:
                 elif step.eager:
                     self._eager(position, step, env)
                 else:
-                    args = [env[i] if i >= 0 else None for i in step.inputs]
-                    outs = tuple(env[o] if o >= 0 else None for o in step.outputs)
+                    _, run, ins, outs, scratch = self._bound[position]
+                    args = [env[i] for i in ins]  # slot -1 reads the None at env's end
+                    outs = tuple([env[o] for o in outs])
+                    scratch = tuple([env[s] for s in scratch])
                     stream = prefetcher.blocks(position) if prefetcher is not None else None
                     if stream is None:
-                        result = step.kernel.run(*args, outs=outs, scratch=tuple(env[s] for s in step.scratch))
+                        result = run(*args, outs=outs, scratch=scratch)
                     else:
-                        result = step.kernel.run(*args, outs=outs, scratch=tuple(env[s] for s in step.scratch),
-                                                 stream=stream)
+                        result = run(*args, outs=outs, scratch=scratch, stream=stream)
                     if result is not None:
                         _store(result, outs)
             except Exception as e:  # noqa: BLE001 - every failure must name the node

@@ -388,11 +388,16 @@ class WindowCopy:
     out_steps: tuple      # per spatial dim, elements between windows (the stride)
 
 
+def _padded_image(window):
+    """(spatial shape of the input with its padding, the slices where the input lies in it)."""
+    padded = tuple(i + b + e for i, b, e in zip(window.in_spatial, window.pads_begin, window.pads_end))
+    return padded, tuple(slice(b, b + i) for b, i in zip(window.pads_begin, window.in_spatial))
+
+
 def _window_copy(window):
-    padded = None
-    if any(window.pads_begin) or any(window.pads_end):
-        padded = tuple(i + b + e for i, b, e in zip(window.in_spatial, window.pads_begin, window.pads_end))
-    inside = tuple(slice(b, b + i) for b, i in zip(window.pads_begin, window.in_spatial))
+    padded, inside = _padded_image(window)
+    if not any(window.pads_begin) and not any(window.pads_end):
+        padded = None
     return WindowCopy(padded, inside, tuple(window.dilations), tuple(window.strides))
 
 
@@ -421,27 +426,17 @@ def _windows_view(source, shape, how):
 def _conv_windows(x, w, bias, out, plan, scratch, activation):
     """The "gemm-windows" path (channels first, one tile): per image and group, the columns in
     one strided copy, then one GEMM; lean, since the convolutions it serves are small."""
-    how, group, taps = plan.windows, plan.group, plan.window.taps
+    group, taps = plan.group, plan.window.taps
     c_in_g, c_out_g = plan.c_in // group, plan.c_out // group
     cols_shape = plan.tiles[0].cols_shape
     size = math.prod(cols_shape)
     cols = scratch[:size].reshape(cols_shape)
     matrix = cols.reshape(c_in_g * taps, -1)
     w_mat = w.reshape(plan.c_out, -1)
-    if how.padded is not None:
-        padded = scratch[size:size + c_in_g * math.prod(how.padded)].reshape(c_in_g, *how.padded)
-        padded.fill(0)  # the border: scratch is shared with other steps
-        inside = padded[(slice(None),) + how.inside]
-        windows = _windows_view(padded, cols_shape, how)
     for n in range(out.shape[0]):
         out_mat = out[n].reshape(plan.c_out, -1)
         for g in range(group):
-            x_g = x[n, g * c_in_g:(g + 1) * c_in_g]
-            if how.padded is not None:
-                np.copyto(inside, x_g)
-            else:
-                windows = _windows_view(x_g, cols_shape, how)
-            np.copyto(cols, windows)
+            _window_columns(x[n, g * c_in_g:(g + 1) * c_in_g], cols, plan.windows, scratch[size:])
             np.matmul(w_mat[g * c_out_g:(g + 1) * c_out_g], matrix, out=out_mat[g * c_out_g:(g + 1) * c_out_g])
     _bias_activation(out, bias, activation, CHANNELS_FIRST)
     return out
@@ -776,8 +771,7 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
             block = _block_size(c, per_channel, dtype, min(scratch_limit, DEPTHWISE_BLOCK))
             return ConvPlan(window, layout, c, c_out, c, "depthwise", DepthwisePlan(grid, block),
                             per_channel * block, dtype)
-        padded = tuple(i + b + e for i, b, e in zip(window.in_spatial, window.pads_begin, window.pads_end))
-        inside = tuple(slice(b, b + i) for b, i in zip(window.pads_begin, window.in_spatial))
+        padded, inside = _padded_image(window)
         ranges, per_tile = _row_tiles(window.out_spatial[0], c_out * rest * dtype.itemsize, CACHE_TILE)
         tiles = tuple(((r0, r1), tuple((tap, _tap_rows(window, tap, r0, r1)) for tap in np.ndindex(*window.kernel)))
                       for r0, r1 in ranges)
