@@ -115,9 +115,7 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
     nodes = run("constants_as_weights", constants_as_weights_pass, nodes, context)
     nodes = run("fold_batchnorm", fold_batchnorm_pass, nodes, context)
     nodes = run("flush_denormals", flush_denormals_pass, nodes, context)
-    nodes = run("fuse_patterns", lambda n, c: NodeList(tuple(fuse_patterns(list(n.nodes), n.weights,
-                                                                           set(c.outputs))), n.weights),
-                nodes, context)
+    nodes = run("fuse_patterns", fuse_patterns_pass, nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"),
                  run.enabled("inline_if"))
@@ -191,6 +189,10 @@ def flush_denormals_pass(nodes, context):
     keep = context.packer.pack if context.packer is not None else None
     flush_denormal_weights(weights, used, keep, context.release.copied)
     return NodeList(nodes.nodes, frozen_map(weights))
+
+
+def fuse_patterns_pass(nodes, context):
+    return NodeList(tuple(fuse_patterns(list(nodes.nodes), nodes.weights, set(context.outputs))), nodes.weights)
 
 
 def fuse_activations_pass(nodes, context):
