@@ -23,7 +23,7 @@ from .errors import InputError, NnrunError
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
 from .memory_limit import anonymous_bytes, resolve_budget
-from .threads import limited
+from .threads import running
 from .plan_cache import PlanCache
 from .report import PhaseRecorder
 
@@ -40,7 +40,9 @@ class SessionOptions:
     """Session switches. onnxruntime's names where they exist; nnrun's memory switches besides."""
 
     def __init__(self):
-        self.intra_op_num_threads = 0  # 0: the BLAS library's default
+        # Threads of a run: the kernels' pool and BLAS. 0: the physical cores for the pool, the
+        # library's own default for BLAS.
+        self.intra_op_num_threads = 0
         self.inter_op_num_threads = 0  # accepted for compatibility; nnrun runs one step at a time
         self.enable_mem_poll = True  # sample RSS on a thread during each phase
         self.mem_poll_interval_ms = 2.0
@@ -225,10 +227,10 @@ class InferenceSession:
         measure = runs < 4 or executor.plan is not self._last or runs % MEMORY_EVERY == 0
         started = time.perf_counter_ns()
         if measure and self._recorder.poll:
-            with limited(self._options.intra_op_num_threads), self._recorder.phase("EXECUTE"):
+            with running(self._options.intra_op_num_threads), self._recorder.phase("EXECUTE"):
                 results = executor.run(feeds, profile, trace, stop)
         else:
-            with limited(self._options.intra_op_num_threads):
+            with running(self._options.intra_op_num_threads):
                 results = executor.run(feeds, profile, trace, stop)
             self._recorder.record_run((time.perf_counter_ns() - started) / 1e6, measure)
         if executor.last_io is not None:

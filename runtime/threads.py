@@ -1,6 +1,8 @@
-"""How many threads the BLAS library (numpy's matrix products) uses while a session runs.
+"""The threads a session's runs use: the BLAS library's (numpy's matrix products) and the kernels'
+pool (ops/parallel.py).
 
-`intra_op_num_threads` bounds it per run, as onnxruntime's option bounds its own pool. Finding the
+`intra_op_num_threads` sizes both, as onnxruntime's option sizes its own pool; 0 (the default)
+is the physical cores for the pool and the library's own default for BLAS. Finding the
 thread-pool libraries loaded in the process is the expensive part of threadpoolctl (a walk over
 every shared library: about 0.1 ms here, 1 ms in a process with more libraries loaded), so it is
 done once per process. Each run then reads each library's count (a microsecond) and only where it
@@ -10,6 +12,8 @@ count (the default, the physical cores, or a caller who set it) pays nothing mor
 
 import threading
 from contextlib import nullcontext
+
+from .ops import parallel
 
 _controller = None
 _lock = threading.Lock()
@@ -55,3 +59,32 @@ def limited(threads):
     if not threads:
         return nullcontext()
     return _Bounded(controller().lib_controllers, threads)
+
+
+def kernel_threads(intra_op_num_threads):
+    """The size of the kernels' pool for a session's `intra_op_num_threads` (0: the physical cores)."""
+    return intra_op_num_threads if intra_op_num_threads > 0 else parallel.default_threads()
+
+
+class _Running:
+    """BLAS bounded (where `blas` is set) and the kernels' pool set, for one run."""
+
+    __slots__ = ("blas", "pool", "token")
+
+    def __init__(self, blas, pool):
+        self.blas, self.pool, self.token = blas, pool, None
+
+    def __enter__(self):
+        self.blas.__enter__()
+        self.token = parallel.enter(self.pool)
+        return self
+
+    def __exit__(self, *exc):
+        parallel.leave(self.token)
+        return self.blas.__exit__(*exc)
+
+
+def running(intra_op_num_threads):
+    """The context of one run: BLAS bounded to `intra_op_num_threads` (0: left as it is) and the
+    kernels' pool of `kernel_threads(intra_op_num_threads)`."""
+    return _Running(limited(intra_op_num_threads), parallel.pool(kernel_threads(intra_op_num_threads)))

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from . import activation, bands
+from . import activation, bands, parallel
 from .registry import FUSED, Inferred, Kernel, TensorInfo, lookup, register
 
 
@@ -62,9 +62,15 @@ class Binary(Kernel):
                         shapes_=((tuple(a.shape), tuple(b.shape)), tuple(shape)))
 
     def run(self, a, b, *, outs, scratch):
-        self.ufunc(a, b, out=outs[0])
+        if outs[0].size >= parallel.SPLIT_FROM:
+            parallel.elementwise(self.compute, outs[0], a, b)
+        else:
+            self.compute(outs[0], a, b)
+
+    def compute(self, out, a, b):
+        self.ufunc(a, b, out=out)
         if self.activation is not None:
-            activation.apply_activation(outs[0], self.activation)
+            activation.apply_activation(out, self.activation)
 
     def band_granule(self):
         return bands.elementwise_granule(*self.shapes_)
@@ -110,10 +116,10 @@ class Div(Binary):
             divide = self.truncate_divide
         return Inferred(super().infer(a, b), divide=divide)
 
-    def run(self, a, b, *, outs, scratch):
-        self.divide(a, b, outs[0])
+    def compute(self, out, a, b):
+        self.divide(a, b, out)
         if self.activation is not None:
-            activation.apply_activation(outs[0], self.activation)
+            activation.apply_activation(out, self.activation)
 
     @staticmethod
     def divide(a, b, out):
@@ -326,7 +332,13 @@ class Unary(Kernel):
         return [((min(x.size, activation.BLOCK),), x.dtype)] * self.temporaries
 
     def run(self, x, *, outs, scratch):
-        self.apply(x, outs[0], scratch)
+        if self.temporaries or outs[0].size < parallel.SPLIT_FROM:  # (one set of temporaries: no shares)
+            self.apply(x, outs[0], scratch)
+        else:
+            parallel.elementwise(self.share, outs[0], x)
+
+    def share(self, out, x):
+        self.apply(x, out, ())
 
     def band_granule(self):
         shapes = getattr(self, "shapes_", None)  # subclasses with shape rules of their own: no bands
@@ -380,7 +392,13 @@ class Activation(Unary):
         self.formula = functools.partial(activation.FORMULAS[self.node.op_type], **self.params())
 
     def run(self, x, *, outs, scratch):
-        self.formula(x, outs[0])
+        if outs[0].size < parallel.SPLIT_FROM:
+            self.formula(x, outs[0])
+        else:
+            parallel.elementwise(self.share, outs[0], x)
+
+    def share(self, out, x):
+        self.formula(x, out)
 
 
 # Activations without attributes: the formula is all there is to them.

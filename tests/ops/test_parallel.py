@@ -1,0 +1,156 @@
+"""The kernels' thread pool, and the ops that split across it, against onnxruntime with every op
+split (the split threshold lowered to one element) on three threads."""
+
+import contextvars
+import threading
+import time
+
+import numpy as np
+import pytest
+from oracle import assert_close, helper, make_model, rng, run_onnxruntime
+
+import nnrun
+from nnrun import threads
+from nnrun.ops import parallel
+
+
+def test_pool_runs_each_chunk_once():
+    pool = parallel.Pool(3)
+    for count in (1, 2, 3, 7, 100):
+        seen = []
+        pool.run(seen.append, count)
+        assert sorted(seen) == list(range(count))
+
+
+def test_callers_share_a_pool_at_once():
+    pool, failures = parallel.Pool(3), []
+
+    def caller(k):
+        for _ in range(50):
+            out = np.zeros(12)
+
+            def chunk(i):
+                out[i] = k * 100 + i
+            pool.run(chunk, 12)
+            if not np.array_equal(out, k * 100 + np.arange(12)):
+                failures.append(k)
+    callers = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert failures == []
+
+
+def test_a_chunks_error_reaches_the_caller_and_the_pool_goes_on():
+    pool = parallel.Pool(2)
+
+    def chunk(i):
+        if i == 3:
+            raise ValueError("chunk 3")
+    with pytest.raises(ValueError, match="chunk 3"):
+        pool.run(chunk, 6)
+    seen = []
+    pool.run(seen.append, 4)
+    assert sorted(seen) == [0, 1, 2, 3]
+
+
+def test_workers_run_chunks_in_the_callers_context():
+    # numpy's error state is a context variable: the executor ignores inf and NaN, and a
+    # worker must too.
+    pool, flag = parallel.Pool(2), contextvars.ContextVar("flag", default="unset")
+    seen = []
+
+    def chunk(i):
+        time.sleep(0.005)  # long enough that the worker takes some
+        seen.append((threading.get_ident(), flag.get(), np.geterr()["over"]))
+    token = flag.set("caller's")
+    try:
+        with np.errstate(over="ignore"):
+            pool.run(chunk, 10)
+    finally:
+        flag.reset(token)
+    assert len({ident for ident, _, _ in seen}) == 2  # the worker took some
+    assert {(value, over) for _, value, over in seen} == {("caller's", "ignore")}
+
+
+def test_a_sessions_threads():
+    assert threads.kernel_threads(0) == parallel.default_threads() >= 1
+    assert threads.kernel_threads(3) == 3
+    with threads.running(1):
+        assert parallel.current() is parallel.SERIAL
+    with threads.running(3):
+        assert parallel.current().threads == 3
+    assert parallel.current() is parallel.SERIAL
+
+
+@pytest.fixture
+def split_everything(monkeypatch):
+    """Every op splits, and the test sees that some did."""
+    monkeypatch.setattr(parallel, "MIN_SHARE", 1)
+    monkeypatch.setattr(parallel, "SPLIT_FROM", 2)
+    runs = []
+    real = parallel.Pool.run
+
+    def counted(self, chunk, count):
+        runs.append(count)
+        return real(self, chunk, count)
+    monkeypatch.setattr(parallel.Pool, "run", counted)
+    return runs
+
+
+def _check_split(model, feeds, runs):
+    options = nnrun.SessionOptions()
+    options.intra_op_num_threads = 3
+    options.weight_cache_dir = None
+    expected = run_onnxruntime(model, feeds)
+    actual = nnrun.InferenceSession(model.SerializeToString(), options).run(None, feeds)
+    for a, e in zip(actual, expected):
+        assert_close(a, e)
+    assert any(count > 1 for count in runs), "nothing was split"
+
+
+def _data(shape, seed=0):
+    return rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Sub", "Div"])
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((2, 3, 4, 5), (3, 1, 1)),  # a per-channel operand
+    ((1, 8, 5, 6), (6,)),       # along the last axis
+    ((1, 8, 5, 6), (1, 8, 5, 6)),
+    ((7, 1), (1, 9)),           # both broadcast
+    ((4, 6), ()),
+])
+def test_binary_ops_split(split_everything, op, a_shape, b_shape):
+    a, b = _data(a_shape), np.asarray(_data(b_shape, 1) + (3 if op == "Div" else 0))
+    model = make_model([helper.make_node(op, ["a", "b"], ["y"])], [("a", a), ("b", b)], [("y", None)])
+    _check_split(model, {"a": a, "b": b}, split_everything)
+
+
+@pytest.mark.parametrize("op, attrs", [("Relu", {}), ("Sigmoid", {}), ("HardSwish", {}), ("Exp", {}),
+                                       ("LeakyRelu", {"alpha": 0.1}), ("Tanh", {})])
+def test_unary_ops_split(split_everything, op, attrs):
+    x = _data((2, 5, 6, 7)) * 4
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", x)], [("y", None)], opset=17)
+    _check_split(model, {"x": x}, split_everything)
+
+
+def test_a_residual_sum_and_its_relu_split(split_everything):
+    x, r = _data((1, 6, 9, 9)), _data((1, 6, 9, 9), 1)
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    _check_split(make_model(nodes, [("x", x), ("r", r)], [("y", None)]), {"x": x, "r": r}, split_everything)
+
+
+@pytest.mark.parametrize("w_shape, attrs", [
+    ((8, 3, 3, 3), {"pads": [1, 1, 1, 1]}),                  # im2col, tiled
+    ((8, 3, 1, 1), {}),                                      # pointwise
+    ((6, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 3}),      # depthwise-like grouped (multiplier 2)
+    ((3, 1, 5, 5), {"pads": [2, 2, 2, 2], "group": 3}),      # depthwise
+])
+@pytest.mark.parametrize("activation", ["Relu", "Sigmoid"])
+def test_convolution_bias_and_activation_split(split_everything, w_shape, attrs, activation):
+    x, w, b = _data((2, 3, 12, 11)), _data(w_shape, 1), _data((w_shape[0],), 2)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node(activation, ["c"], ["y"])]
+    model = make_model(nodes, [("x", x)], [("y", None)], [("w", w), ("b", b)])
+    _check_split(model, {"x": x}, split_everything)
