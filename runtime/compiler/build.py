@@ -37,7 +37,7 @@ from .release import EagerRelease, mapped_weights, release_unused
 from .denormals import flush_denormal_weights
 from .fuse_patterns import fuse_patterns
 from .inline import inlined, taken_branch
-from .rewrite import capture_outer_values, constants_as_weights, fold_batchnorm, fuse_activations
+from .rewrite import capture_outer_values, constants_as_weights, drop_identities, fold_batchnorm, fuse_activations
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
                      frozen_map)
 
@@ -112,6 +112,7 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
     nodes = run("capture_outer_values", lambda n: NodeList(tuple(capture_outer_values(n.nodes)), n.weights),
                 nodes)
     nodes = run("topological_order", topological_order, nodes, context)
+    nodes = run("drop_identities", drop_identities_pass, nodes, context)
     nodes = run("constants_as_weights", constants_as_weights_pass, nodes, context)
     nodes = run("fold_batchnorm", fold_batchnorm_pass, nodes, context)
     nodes = run("flush_denormals", flush_denormals_pass, nodes, context)
@@ -175,6 +176,10 @@ def fold_batchnorm_pass(nodes, context):
     keep = context.packer.pack if context.packer is not None else None
     folded = fold_batchnorm(list(nodes.nodes), weights, set(context.outputs), context.release.copied, keep)
     return NodeList(tuple(folded), frozen_map(weights))
+
+
+def drop_identities_pass(nodes, context):
+    return NodeList(tuple(drop_identities(list(nodes.nodes), set(context.outputs))), nodes.weights)
 
 
 def constants_as_weights_pass(nodes, context):

@@ -27,6 +27,8 @@ PASSES = tuple(Pass(*p) for p in (
                                "reported at once"),
     ("capture_outer_values", False, "outer-scope values a subgraph reads become explicit node inputs"),
     ("topological_order", False, "nodes in an order where every input is produced before it is read"),
+    ("drop_identities", True, "Identity, and Dropout at inference, are dropped: their readers read their "
+                              "input (off: each runs, as an alias)"),
     ("constants_as_weights", True, "Constant nodes' values become weights before the rewrites read them "
                                    "(off: they are computed at infer_shapes, after fold_batchnorm)"),
     ("fold_batchnorm", True, "Conv then BatchNormalization with constant parameters becomes one Conv"),

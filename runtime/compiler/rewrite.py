@@ -1,5 +1,5 @@
-"""Graph rewrites before shape inference: Constant nodes as weights, Conv+BatchNormalization folding,
-activation fusion.
+"""Graph rewrites before shape inference: pass-through nodes dropped, Constant nodes as weights,
+Conv+BatchNormalization folding, activation fusion.
 
 Each rewrite takes the topologically ordered node list and the weights dict,
 returns a new node list, and may add weights (anonymous arrays: packed weights).
@@ -103,6 +103,36 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, ke
 
 _CONSTANT_VALUES = {"value": None, "value_float": np.float32, "value_floats": np.float32,
                     "value_int": np.int64, "value_ints": np.int64}
+
+
+def drop_identities(nodes, graph_outputs):
+    """Identity, and Dropout at inference, hand their input on: the nodes that read their output
+    read the input itself, and the node goes. One whose output is a graph output stays (the
+    output is named by it), and so does a Dropout given training_mode (it checks the value) or
+    asked for its mask. A node with subgraphs reads its captured values by position (`_captured`
+    names them), so renaming its inputs is safe too."""
+    renamed, kept = {}, []
+    for node in nodes:
+        inputs = [renamed.get(name, name) for name in node.inputs]
+        if _passes_through(node) and inputs[0] and node.outputs[0] not in graph_outputs:
+            renamed[node.outputs[0]] = inputs[0]
+            continue
+        if inputs != node.inputs:
+            node = Node(node.name, node.op_type, node.domain, inputs, list(node.outputs), node.attrs, node.index)
+        kept.append(node)
+    return kept
+
+
+def _passes_through(node):
+    if node.domain or not node.inputs or len(node.outputs) < 1:
+        return False
+    if node.op_type == "Identity":
+        return len(node.outputs) == 1
+    if node.op_type == "Dropout":
+        mask = len(node.outputs) > 1 and node.outputs[1]
+        training = len(node.inputs) > 2 and node.inputs[2]
+        return not mask and not training
+    return False
 
 
 def constants_as_weights(nodes, weights, graph_outputs):

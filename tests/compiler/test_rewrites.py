@@ -228,3 +228,49 @@ def test_hard_swish_after_a_convolution_runs_inside_it():
     sess = session(model)
     sess.run(None, {"x": x})
     assert [s.op_type for s in sess._last.steps] == ["Conv"]
+
+
+# --- drop_identities ------------------------------------------------------------------------------
+
+def pass_through_model():
+    """Identity and Dropout between ops, one Identity a graph output, one Dropout asked for its mask,
+    and an If whose branch reads an Identity's output from the outer scope."""
+    then_branch = helper.make_graph([helper.make_node("Neg", ["i2"], ["t"])], "then", [],
+                                    [helper.make_tensor_value_info("t", 1, None)])
+    else_branch = helper.make_graph([helper.make_node("Abs", ["i2"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", 1, None)])
+    nodes = [helper.make_node("Identity", ["x"], ["i1"]),
+             helper.make_node("Relu", ["i1"], ["r"]),
+             helper.make_node("Dropout", ["r"], ["d"]),
+             helper.make_node("Identity", ["d"], ["i2"]),
+             helper.make_node("Add", ["i2", "i1"], ["s"]),
+             helper.make_node("Identity", ["s"], ["out"]),
+             helper.make_node("Dropout", ["s"], ["d2", "mask"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    return make_model(nodes, [("x", np.zeros((2, 3), np.float32)), ("c", np.array(True))],
+                      [("y", None), ("out", None), ("d2", None), ("mask", None)])
+
+
+@pytest.mark.parametrize("condition", [True, False])
+def test_identity_and_dropout_are_dropped_and_the_outputs_hold(condition):
+    model = pass_through_model()
+    feeds = {"x": rng(0).standard_normal((2, 3)).astype(np.float32), "c": np.array(condition)}
+    check_model(model, feeds)
+    on, off = session(model), session(model, ["drop_identities"])
+    on.run(None, feeds)
+    off.run(None, feeds)
+    kinds_on = [s.op_type for s in on._last.steps]
+    kinds_off = [s.op_type for s in off._last.steps]
+    # The graph output "out" keeps its Identity, the masked Dropout stays; the others go.
+    assert kinds_on.count("Identity") == 1 and kinds_on.count("Dropout") == 1
+    assert kinds_off.count("Identity") == 3 and kinds_off.count("Dropout") == 2
+    for a, b in zip(on.run(None, feeds), off.run(None, feeds)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_dropout_given_training_mode_stays_and_checks_it():
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "training"], ["y"])]
+    model = make_model(nodes, [("x", np.zeros((4,), np.float32))], [("y", None)],
+                       [("ratio", np.array(0.5, np.float32)), ("training", np.array(True))])
+    with pytest.raises(nnrun.ModelError, match="training_mode is true"):
+        session(model).run(None, {"x": np.ones(4, np.float32)})
