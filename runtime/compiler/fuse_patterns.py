@@ -164,7 +164,20 @@ def _silu(g, i):
     return [i, mul], x, g.nodes[mul].outputs[0]
 
 
-PATTERNS = (("Erf", _gelu, ("Gelu", {})), ("Add", _hard_swish, ("HardSwish", {})),
+def _mish(g, i):
+    """Mish from the Softplus at index i: x * Tanh(Softplus(x))."""
+    softplus = g.nodes[i]
+    x = softplus.inputs[0]
+    tanh = g.only_reader(softplus.outputs[0], "Tanh")
+    if tanh is None:
+        return None
+    mul = g.only_reader(g.nodes[tanh].outputs[0], "Mul")
+    if mul is None or g.other_input(g.nodes[mul], g.nodes[tanh].outputs[0]) != x:
+        return None
+    return [i, tanh, mul], x, g.nodes[mul].outputs[0]
+
+
+PATTERNS = (("Erf", _gelu, ("Gelu", {})), ("Softplus", _mish, ("Mish", {})), ("Add", _hard_swish, ("HardSwish", {})),
             ("HardSigmoid", _hard_swish, ("HardSwish", {})), ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})))
 
 

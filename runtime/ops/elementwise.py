@@ -605,6 +605,7 @@ class Softsign(Unary):
         np.divide(x, out, out=out)
 
 
+@register("Mish", since=1, domain=FUSED)
 @register("Mish", since=18)
 class Mish(Unary):
     def apply(self, x, out, temps):

@@ -189,7 +189,9 @@ HARD_SWISH_FORMS = {
 PATTERNS = ([(f"gelu: {k}", nodes, weights, "Gelu") for k, (nodes, weights) in GELU_FORMS.items()]
             + [(f"hardswish: {k}", nodes, [], "HardSwish") for k, nodes in HARD_SWISH_FORMS.items()]
             + [("silu", [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])],
-                [], "Swish")])
+                [], "Swish")]
+            + [("mish", [helper.make_node("Softplus", ["x"], ["p"]), helper.make_node("Tanh", ["p"], ["t"]),
+                         helper.make_node("Mul", ["x", "t"], ["y"])], [], "Mish")])
 
 
 @pytest.mark.parametrize("what, nodes, weights, fused", PATTERNS, ids=[p[0] for p in PATTERNS])
