@@ -59,7 +59,8 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--save-outputs", metavar="DIR", help="write each output as DIR/NAME.npy")
     p.add_argument("--report", choices=("table", "json"), default="table")
-    p.add_argument("--threads", type=int, default=0, help="BLAS threads (default: the library's)")
+    p.add_argument("--threads", type=int, default=0, help="threads of BLAS and of the kernels' pool "
+                   "(default: BLAS's own count, one per physical core for the pool)")
     p.add_argument("--no-mem-poll", action="store_true", help="do not sample RSS during phases")
     for switch in ("fold-constants", "fold-batchnorm", "fuse-activations", "memory-aware-order",
                    "release-weights"):
