@@ -8,11 +8,10 @@ wakes late (a worker's wake-up costs tens of microseconds) takes fewer, and a sm
 the caller alone before any worker has woken: splitting never waits on a thread that has not
 started.
 
-The pool a run uses is set by the session around the run (`using`, `enter`), in a context
+The pool a run uses is set by the session around the run (`enter`, `leave`), in a context
 variable, so sessions of different sizes may run at once in different threads.
 """
 
-import contextlib
 import contextvars
 import itertools
 import os
@@ -31,7 +30,7 @@ SPLIT_FROM = 2 * MIN_SHARE
 
 
 class Pool:
-    """`threads - 1` worker threads, started on first use and kept; the caller is thread 0."""
+    """`threads - 1` worker threads, started on first use and kept; the caller works too."""
 
     def __init__(self, threads):
         self.threads = threads
@@ -143,16 +142,6 @@ _CURRENT = contextvars.ContextVar("nnrun_pool", default=SERIAL)
 def current():
     """The pool of the run in progress (one thread outside a run)."""
     return _CURRENT.get()
-
-
-@contextlib.contextmanager
-def using(threads):
-    """Kernels run inside use a pool of `threads` threads."""
-    token = enter(pool(threads))
-    try:
-        yield
-    finally:
-        leave(token)
 
 
 def enter(a_pool):
