@@ -624,20 +624,19 @@ def _bias_activation(out, bias, activation, layout, batched=True):
     elif out.flags.c_contiguous:
         out, axis = out.reshape(-1, out.shape[-1]), 0  # rows of channels, the bias along each
     if out.size < parallel.SPLIT_FROM or axis < 0:  # most outputs: no shares, no Python beyond this
-        if bias is not None:
-            np.add(out, bias, out=out)
-        if activation is not None:
-            apply_activation(out, activation)
+        _add_activate(out, bias, activation)
         return
     lead = (slice(None),) * axis
+    parallel.over_axis(out.shape[axis], out.size, lambda start, end: _add_activate(
+        out[lead + (slice(start, end),)], bias[start:end] if bias is not None and layout == CHANNELS_FIRST else bias,
+        activation))
 
-    def epilogue(start, end):
-        part = out[lead + (slice(start, end),)]
-        if bias is not None:
-            np.add(part, bias[start:end] if layout == CHANNELS_FIRST else bias, out=part)
-        if activation is not None:
-            apply_activation(part, activation)
-    parallel.over_axis(out.shape[axis], out.size, epilogue)
+
+def _add_activate(out, bias, activation):
+    if bias is not None:
+        np.add(out, bias, out=out)
+    if activation is not None:
+        apply_activation(out, activation)
 
 
 # ---------------------------------------------------------------------------------------------

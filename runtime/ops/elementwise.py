@@ -391,13 +391,7 @@ class Activation(Unary):
     def decode(self):
         self.formula = functools.partial(activation.FORMULAS[self.node.op_type], **self.params())
 
-    def run(self, x, *, outs, scratch):
-        if outs[0].size < parallel.SPLIT_FROM:
-            self.formula(x, outs[0])
-        else:
-            parallel.elementwise(self.share, outs[0], x)
-
-    def share(self, out, x):
+    def apply(self, x, out, temps):
         self.formula(x, out)
 
 

@@ -184,12 +184,8 @@ def elementwise(op, out, *operands):
     if axis is None:
         op(out, *operands)
         return
-    spans = ranges(out.shape[axis], count)
-
-    def share(i):
-        start, end = spans[i]
-        op(*(_cut(a, axis, start, end, out.ndim) for a in (out, *operands)))
-    current().run(share, len(spans))
+    over_axis(out.shape[axis], out.size,
+              lambda start, end: op(*(_cut(a, axis, start, end, out.ndim) for a in (out, *operands))))
 
 
 def _cut(a, axis, start, end, ndim):
