@@ -8,7 +8,12 @@ index in the file, whatever rewrote the node in between:
 
 Kernels and passes raise plain messages; the compiler's pass runner and the
 executor add the location once (`located`).
+
+Each class also derives from the onnxruntime status class (status.py) that onnxruntime raises
+in the same case, so code written to catch onnxruntime's errors catches nnrun's.
 """
+
+from . import status
 
 
 class NnrunError(Exception):
@@ -20,14 +25,22 @@ class NnrunError(Exception):
     where = None
 
 
-class ModelError(NnrunError):
+class ModelError(NnrunError, status.InvalidGraph):
     """The model file is malformed, hostile or inconsistent.
 
     The message names what is wrong and where: a byte offset, a tensor or a node.
     """
 
 
-class UnsupportedOperatorError(NnrunError):
+class ModelFileError(ModelError, status.NoSuchFile):
+    """The model file (or an external data file) cannot be opened or mapped."""
+
+
+class MalformedModelError(ModelError, status.InvalidProtobuf):
+    """The model's bytes do not parse: not a protobuf (or flatbuffer) of a model."""
+
+
+class UnsupportedOperatorError(NnrunError, status.NotImplemented):
     """The model uses operators nnrun does not implement.
 
     `ops` lists every unsupported (domain, op_type, opset) of the model at once.
@@ -42,15 +55,19 @@ class UnsupportedOperatorError(NnrunError):
         super().__init__(f"unsupported operators: {listed}")
 
 
-class BudgetError(NnrunError):
+class UnsupportedFeatureError(NnrunError, status.NotImplemented):
+    """An onnxruntime feature nnrun does not have (a custom op library, a device binding)."""
+
+
+class BudgetError(NnrunError, status.Fail):
     """The memory budget is below the least the model can run in."""
 
 
-class InputError(NnrunError):
+class InputError(NnrunError, status.InvalidArgument):
     """A feed does not match the model: unknown name, missing input, wrong shape or dtype."""
 
 
-class ExecutionError(NnrunError):
+class ExecutionError(NnrunError, status.RuntimeException, status.Fail):
     """A kernel failed while running a node; the message names the node."""
 
 

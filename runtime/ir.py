@@ -39,6 +39,18 @@ class Node:
     index: int = -1  # position in its graph's node list in the file; kept by every rewrite, for errors
 
 
+@dataclass(frozen=True)
+class ModelMeta:
+    """What the file says of the model, as onnxruntime's `get_modelmeta()` reports it."""
+    producer_name: str = ""
+    graph_name: str = ""
+    domain: str = ""
+    description: str = ""
+    graph_description: str = ""
+    version: int = 0
+    custom_metadata_map: dict = field(default_factory=dict)
+
+
 @dataclass
 class Graph:
     name: str
@@ -52,3 +64,4 @@ class Graph:
     source: Any = None  # the MappedFile the graph came from, if any
     format: str = "onnx"
     path: str | None = None
+    meta: ModelMeta = field(default_factory=ModelMeta)  # the model's, on its main graph

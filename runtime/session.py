@@ -11,93 +11,26 @@ import os
 import statistics
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from . import ops
-from .compiler.build import CompileOptions
 from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
-from .compiler.weight_cache import default_directory as default_cache_directory
-from .errors import InputError, NnrunError
+from .errors import ExecutionError, InputError, NnrunError
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
 from .memory_limit import anonymous_bytes, resolve_budget
-from .threads import running
+from .onnx_types import type_name
+from .options import RunOptions, SessionOptions
+from .ortvalue import IOBinding, OrtValue
 from .plan_cache import PlanCache
+from .providers import CPU, requested
 from .report import PhaseRecorder
+from .threads import running
 
 MEMORY_EVERY = 64  # runs between two readings of the process's RSS and HWM after the first ones
-
-_ONNX_TYPE = {np.dtype(k): v for k, v in {
-    "float32": "float", "float64": "double", "float16": "float16", "int8": "int8",
-    "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",
-    "uint32": "uint32", "uint64": "uint64", "bool": "bool", "complex64": "complex64",
-    "complex128": "complex128", "object": "string"}.items()}
-
-
-class SessionOptions:
-    """Session switches. onnxruntime's names where they exist; nnrun's memory switches besides."""
-
-    def __init__(self):
-        # Threads of a run: the kernels' pool and BLAS. 0: the physical cores for the pool, the
-        # library's own default for BLAS.
-        self.intra_op_num_threads = 0
-        self.inter_op_num_threads = 0  # accepted for compatibility; nnrun runs one step at a time
-        self.enable_mem_poll = True  # sample RSS on a thread during each phase
-        self.mem_poll_interval_ms = 2.0
-        self.fold_constants = True
-        self.fold_batchnorm = True
-        self.fuse_activations = True
-        self.memory_aware_order = True
-        # PREPARE's time budget for the memory-optimal order (per plan); the best order found
-        # within it is kept, and the plan says whether it is proven optimal.
-        self.order_search_seconds = 1.0
-        # The most memory nnrun may hold beyond the process's baseline: bytes, a size such as
-        # "128M", or "auto" (the process's memory cgroup limit, less what is in use). Weights
-        # beyond it stream by execution order. None: no budget.
-        self.memory_budget = None
-        self.release_weights = True  # madvise away the mapped pages of packed weights
-        # Compiler passes to skip, by name (nnrun.compiler.passes.SWITCHABLE); the five
-        # switches above are the same as naming their passes here.
-        self.disabled_passes = set()
-        # onnxruntime's profiling switches: a Chrome trace, one event per step, written by
-        # InferenceSession.end_profiling() to <prefix>_<date>_<time>.json.
-        self.enable_profiling = False
-        self.profile_file_prefix = "nnrun_profile"
-        self.log_severity_level = 2
-        # Where packed weights are cached as a file shared by later sessions and other
-        # processes (None: off, packed weights stay in memory). Models given as bytes are
-        # never cached: they have no file whose identity could be checked cheaply.
-        self.weight_cache_dir = default_cache_directory()
-
-    def compile_options(self, memory_budget=None, memory_budget_auto=None):
-        return CompileOptions(self.disabled_passes, self.order_search_seconds, memory_budget, memory_budget_auto,
-                              fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
-                              fuse_activations=self.fuse_activations,
-                              memory_aware_order=self.memory_aware_order,
-                              release_weights=self.release_weights)
-
-
-class RunOptions:
-    """Per-run switches: onnxruntime's names, and nnrun's debugging knobs.
-
-    `trace`: a callable(step, outputs) called after each step with its PlannedStep (name,
-    op type, index, shapes, weights) and its output arrays. Those are arena views a later
-    step may overwrite: copy what you keep (`nnrun.debug.intermediates` does).
-    `stop_after`: a node name or a step position; the run ends after that step and
-    returns only graph outputs computed by then (asking for another is an InputError).
-    """
-
-    def __init__(self):
-        self.log_severity_level = 2
-        self.log_verbosity_level = 0
-        self.logid = ""
-        self.run_tag = ""
-        self.terminate = False
-        self.only_execute_path_to_fetches = False
-        self.trace = None
-        self.stop_after = None
 
 
 class NodeArg:
@@ -110,6 +43,19 @@ class NodeArg:
 
     def __repr__(self):
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+class ModelMetadata:
+    """What the model file says of itself: onnxruntime's `get_modelmeta()`."""
+
+    def __init__(self, meta):
+        self.producer_name = meta.producer_name
+        self.graph_name = meta.graph_name
+        self.domain = meta.domain
+        self.description = meta.description
+        self.graph_description = meta.graph_description
+        self.version = meta.version
+        self.custom_metadata_map = dict(meta.custom_metadata_map)
 
 
 def _stop_position(plan, stop_after):
@@ -149,16 +95,33 @@ def _with_run_io(phases, runs):
     return {**phases, "EXECUTE": execute}
 
 
-def _type_name(dtype):
-    if dtype is None:
-        return "tensor(undefined)"
-    return f"tensor({_ONNX_TYPE.get(np.dtype(dtype), np.dtype(dtype).name)})"
+def _with_free_dimensions(graph, sizes):
+    """The graph with its inputs' symbolic dims named in `sizes` given those sizes
+    (SessionOptions.add_free_dimension_override_by_name)."""
+    if not sizes:
+        return graph
+    graph.inputs = [v if v.dims is None else replace(v, dims=tuple(sizes.get(d, d) if isinstance(d, str) else d
+                                                                   for d in v.dims))
+                    for v in graph.inputs]
+    return graph
+
+
+def _copied_into(name, result, target):
+    """A bound output's array: the caller's, written by the run or copied into now."""
+    if result is target:
+        return target
+    if result.shape != target.shape:
+        raise InputError(f"output {name!r} is bound to an array of shape {list(target.shape)}; "
+                         f"the run produced shape {list(result.shape)}")
+    np.copyto(target, result, casting="same_kind")
+    return target
 
 
 class InferenceSession:
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None,
                  **kwargs):
         self._options = sess_options or SessionOptions()
+        requested(providers, provider_options)  # warns of any nnrun does not have, as onnxruntime
         ops.load_all()
         self._recorder = PhaseRecorder(poll=self._options.enable_mem_poll,
                                        interval_s=self._options.mem_poll_interval_ms / 1e3)
@@ -169,7 +132,7 @@ class InferenceSession:
         self._profiler = Profiler() if self._options.enable_profiling else None
         started = time.perf_counter_ns()
         with self._recorder.phase("MODEL_LOAD"):
-            self._graph = load_model(path_or_bytes)
+            self._graph = _with_free_dimensions(load_model(path_or_bytes), self._options.free_dimensions)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
         anonymous_at = anonymous_bytes()
@@ -198,21 +161,74 @@ class InferenceSession:
 
     # --- onnxruntime's introspection
     def get_inputs(self):
-        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype))
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, type_name(v.dtype))
                 for v in self._graph.inputs]
 
     def get_outputs(self):
-        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype))
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, type_name(v.dtype))
                 for v in self._graph.outputs]
 
+    def get_modelmeta(self):
+        return ModelMetadata(self._graph.meta)
+
+    def get_overridable_initializers(self):
+        return []  # initializers are constants of the plan: none can be fed
+
     def get_providers(self):
-        return ["CPUExecutionProvider"]
+        return [CPU]
+
+    def get_provider_options(self):
+        return {CPU: {}}
+
+    def set_providers(self, providers=None, provider_options=None):
+        requested(providers, provider_options)
+
+    def disable_fallback(self):
+        pass  # one provider: nothing to fall back from
+
+    def enable_fallback(self):
+        pass
 
     def get_session_options(self):
         return self._options
 
+    def get_profiling_start_time_ns(self):
+        return self._profiler.origin_ns if self._profiler is not None else 0
+
     # --- running
     def run(self, output_names, input_feed, run_options=None):
+        """The outputs named (None: all, in the model's order) for the feeds, as numpy arrays."""
+        return self._run(output_names, input_feed, run_options)
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
+        """`run` with OrtValues in and out."""
+        feeds = {name: value.numpy() if isinstance(value, OrtValue) else value
+                 for name, value in input_dict_ort_values.items()}
+        return [OrtValue(a) for a in self._run(output_names, feeds, run_options)]
+
+    def io_binding(self):
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding, run_options=None):
+        iobinding.run(run_options)
+
+    def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
+        """Run on a new thread; `callback(outputs, user_data, error_message)` gets the result."""
+        def work():
+            try:
+                outputs = self._run(output_names, input_feed, run_options)
+            except NnrunError as e:
+                callback(None, user_data, str(e))
+            else:
+                callback(outputs, user_data, "")
+
+        threading.Thread(target=work, daemon=True, name="nnrun-run-async").start()
+
+    def _run(self, output_names, input_feed, run_options, into=None):
+        """The run behind run, run_with_ort_values and I/O binding: `into` names the caller's arrays
+        for outputs (written in place where the plan allows, copied into otherwise)."""
+        if getattr(run_options, "terminate", False):
+            raise ExecutionError("Exiting due to terminate flag being set to true.")
         feeds = self._check_feeds(input_feed)
         signature = tuple((name, feeds[name].shape, feeds[name].dtype)
                           for name in (v.name for v in self._graph.inputs))
@@ -228,10 +244,10 @@ class InferenceSession:
         started = time.perf_counter_ns()
         if measure and self._recorder.poll:
             with running(self._options.intra_op_num_threads), self._recorder.phase("EXECUTE"):
-                results = executor.run(feeds, profile, trace, stop)
+                results = executor.run(feeds, profile, trace, stop, into)
         else:
             with running(self._options.intra_op_num_threads):
-                results = executor.run(feeds, profile, trace, stop)
+                results = executor.run(feeds, profile, trace, stop, into)
             self._recorder.record_run((time.perf_counter_ns() - started) / 1e6, measure)
         if executor.last_io is not None:
             self._run_io.append(executor.last_io)
@@ -249,6 +265,9 @@ class InferenceSession:
         if not_yet:
             raise InputError(f"outputs {not_yet} are computed after stop_after "
                              f"{run_options.stop_after!r}")
+        if into:
+            for name, target in into.items():
+                results[name] = _copied_into(name, results[name], target)
         return [results[n] for n in output_names]
 
     def _executor_for(self, signature):
@@ -286,8 +305,8 @@ class InferenceSession:
                 if not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind"):
                     array = array.astype(info.dtype)
                 else:
-                    raise InputError(f"input {name!r}: expected {_type_name(info.dtype)}, "
-                                     f"got {_type_name(array.dtype)}")
+                    raise InputError(f"input {name!r}: expected {type_name(info.dtype)}, "
+                                     f"got {type_name(array.dtype)}")
             if info.dims is not None:
                 if array.ndim != len(info.dims):
                     raise InputError(f"input {name!r}: expected rank {len(info.dims)} "
@@ -366,4 +385,4 @@ class InferenceSession:
         return found.plan
 
 
-__all__ = ["InferenceSession", "SessionOptions", "RunOptions", "NodeArg", "NnrunError"]
+__all__ = ["InferenceSession", "SessionOptions", "RunOptions", "NodeArg", "ModelMetadata", "NnrunError"]

@@ -110,8 +110,13 @@ class Executor:
         with self._lock:
             self._free.clear()
 
-    def run(self, feeds, profile=None, trace=None, stop_after=None):
+    def run(self, feeds, profile=None, trace=None, stop_after=None, into=None):
         """feeds: name -> array (validated by the caller). Returns {output name: array}.
+
+        `into`, name -> array: graph outputs the caller wants written into its own arrays (I/O
+        binding). An output its kernel writes straight (a `fresh` one) is written there when
+        shape and dtype match the plan's; the result is then that array. The caller copies the
+        others.
 
         `profile`, a list, gets `(position, start_ns, duration_ns)` appended for every step.
         The debugging knobs: `trace(step, outputs)` is called after each step with the
@@ -121,10 +126,10 @@ class Executor:
         """
         if self._budgeted is not None:
             with self._budgeted:
-                return self._run(feeds, profile, trace, stop_after)
-        return self._run(feeds, profile, trace, stop_after)
+                return self._run(feeds, profile, trace, stop_after, into)
+        return self._run(feeds, profile, trace, stop_after, into)
 
-    def _run(self, feeds, profile, trace, stop_after):
+    def _run(self, feeds, profile, trace, stop_after, into=None):
         plan = self.plan
         state = self._take()
         try:
@@ -134,6 +139,8 @@ class Executor:
                 env[slot] = feeds[name]
             for slot, (shape, dtype) in plan.fresh.items():
                 env[slot] = np.empty(shape, dtype)
+            if into:
+                _write_into(plan, into, env)
             # inf and NaN are values like any other here, as in onnxruntime: no warnings.
             with np.errstate(all="ignore"):
                 if self.prefetcher is None and profile is None and trace is None and stop_after is None:
@@ -264,6 +271,18 @@ class Executor:
 
 
 _KERNEL, _ALIAS, _EAGER = "kernel", "alias", "eager"
+
+
+def _write_into(plan, into, env):
+    """The caller's arrays in place of the fresh arrays of the outputs it bound, where they fit."""
+    for name, slot in plan.outputs:
+        target = into.get(name)
+        if target is None or slot not in plan.fresh:
+            continue
+        shape, dtype = plan.fresh[slot]
+        if target.shape == tuple(shape) and target.dtype == dtype and target.flags.c_contiguous \
+                and target.flags.writeable:
+            env[slot] = target
 
 
 def _bind(step):

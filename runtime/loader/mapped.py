@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, ModelFileError
 from ..paging import map_file
 from ..weights import ExternalData, check_extent  # noqa: F401 - the loader's names for them
 
@@ -43,7 +43,7 @@ class MappedFile:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
-            raise ModelError(f"cannot map {path!r}: {e.strerror or e}") from None
+            raise ModelFileError(f"cannot map {path!r}: {e.strerror or e}") from None
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -52,7 +52,7 @@ class MappedFile:
             mapping = map_file(fd, 0, path)
         except OSError as e:
             os.close(fd)
-            raise ModelError(f"cannot map {path!r}: {e.strerror or e}") from None
+            raise ModelFileError(f"cannot map {path!r}: {e.strerror or e}") from None
         return cls(mapping, path=path, mapping=mapping, fd=fd)
 
     @classmethod

@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from .. import ir
-from ..errors import ModelError
+from ..errors import MalformedModelError, ModelError
 from ..weights import ExternalData, check_extent, weight_array
 from .mapped import MappedFile
 from .protowire import length_delimited, length_delimited_header, scan_fields
@@ -120,9 +120,9 @@ def load_onnx(source, path=None, base_dir=None):
     try:
         model = onnx.ModelProto.FromString(structure)
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelError(f"{where} is not a valid ONNX model: {e}") from None
+        raise MalformedModelError(f"{where} is not a valid ONNX model: {e}") from None
     if not model.HasField("graph"):
-        raise ModelError(f"{where}: the model has no graph (not an ONNX model?)")
+        raise MalformedModelError(f"{where}: the model has no graph (not an ONNX model?)")
     if base_dir is None and path is not None:
         base_dir = os.path.dirname(os.path.abspath(path))
     builder = _Builder(source, path, base_dir, stripper.raw_extents)
@@ -321,7 +321,12 @@ class _Builder:
             if decoded.overload:
                 key += (decoded.overload,)
             self.functions[key] = decoded
-        return self._graph(model.graph, 0, in_function=False)
+        graph = self._graph(model.graph, 0, in_function=False)
+        graph.meta = ir.ModelMeta(
+            producer_name=model.producer_name, graph_name=model.graph.name, domain=model.domain,
+            description=model.doc_string, graph_description=model.graph.doc_string,
+            version=model.model_version, custom_metadata_map={p.key: p.value for p in model.metadata_props})
+        return graph
 
     # graphs, nodes, attributes
 

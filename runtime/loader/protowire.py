@@ -9,7 +9,7 @@ mapping) only reads the field headers. Positions are absolute offsets into the
 file, so an error names the byte offset.
 """
 
-from ..errors import ModelError
+from ..errors import MalformedModelError
 
 VARINT = 0
 FIXED64 = 1
@@ -34,9 +34,9 @@ def read_varint(buf, pos, end, base=0):
             return value, pos
         shift += 7
         if pos - start == MAX_VARINT_BYTES:
-            raise ModelError(f"malformed protobuf at byte offset {base + start}: varint longer "
+            raise MalformedModelError(f"malformed protobuf at byte offset {base + start}: varint longer "
                              f"than {MAX_VARINT_BYTES} bytes")
-    raise ModelError(f"truncated protobuf at byte offset {base + start}: varint runs past the "
+    raise MalformedModelError(f"truncated protobuf at byte offset {base + start}: varint runs past the "
                      f"end of its message (byte {base + end})")
 
 
@@ -77,7 +77,7 @@ def scan_fields(data, base, end, numbers, min_length, found):
         number = tag >> 3
         if wire_type == LENGTH_DELIMITED:
             if i >= limit:
-                raise ModelError(f"truncated protobuf at byte offset {base + field_start}: "
+                raise MalformedModelError(f"truncated protobuf at byte offset {base + field_start}: "
                                  f"field {number} has no length")
             length = data[i]
             if length < 0x80:
@@ -89,7 +89,7 @@ def scan_fields(data, base, end, numbers, min_length, found):
                 length, i = read_varint(data, i, limit, base)
             value_end = i + length
             if value_end > stop:
-                raise ModelError(f"truncated protobuf at byte offset {base + field_start}: "
+                raise MalformedModelError(f"truncated protobuf at byte offset {base + field_start}: "
                                  f"field {number} of {length} bytes runs past the end of its "
                                  f"message (byte {end})")
             if length > min_length and number in numbers:
@@ -103,15 +103,15 @@ def scan_fields(data, base, end, numbers, min_length, found):
         elif wire_type == FIXED64 or wire_type == FIXED32:
             i += 8 if wire_type == FIXED64 else 4
             if i > stop:
-                raise ModelError(f"truncated protobuf at byte offset {base + field_start}: "
+                raise MalformedModelError(f"truncated protobuf at byte offset {base + field_start}: "
                                  f"fixed-size field {number} runs past the end of its message "
                                  f"(byte {end})")
         else:
             kind = "groups are not supported" if wire_type in (3, 4) else "unknown wire type"
-            raise ModelError(f"malformed protobuf at byte offset {base + field_start}: field "
+            raise MalformedModelError(f"malformed protobuf at byte offset {base + field_start}: field "
                              f"{number} has wire type {wire_type} ({kind})")
         if number == 0 or number > MAX_FIELD_NUMBER:
-            raise ModelError(f"malformed protobuf at byte offset {base + field_start}: "
+            raise MalformedModelError(f"malformed protobuf at byte offset {base + field_start}: "
                              f"invalid field number {number}")
     return end
 

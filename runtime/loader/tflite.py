@@ -347,7 +347,11 @@ class _Builder:
             raise ModelError("the model has no subgraph")
         self.buffers = root.tables(12)
         self.opcodes = [self._opcode(i, t) for i, t in enumerate(root.tables(6))]
-        return self._subgraph(subgraphs[0])
+        graph = self._subgraph(subgraphs[0])
+        description = model.Description()
+        graph.meta = ir.ModelMeta(graph_name=graph.name, version=version,
+                                  description=description.decode("utf-8", "replace") if description else "")
+        return graph
 
     def _opcode(self, index, table):
         code = _wrap(tflite.OperatorCode, table)
