@@ -106,6 +106,27 @@ def _with_free_dimensions(graph, sizes):
     return graph
 
 
+def _described_outputs(graph):
+    """The graph's outputs as onnxruntime describes them: a dim the file leaves symbolic or open
+    takes the size ONNX shape inference finds for it, when it finds one."""
+    if graph.format != "onnx" or graph.source is None or all(v.is_static for v in graph.outputs):
+        return graph.outputs
+    from .loader.onnx import inferred_outputs
+
+    inferred = inferred_outputs(graph.source)
+    described = []
+    for v in graph.outputs:
+        found = inferred.get(v.name)
+        if found is not None and found.dims is not None:
+            if v.dims is None:
+                v = replace(v, dims=found.dims)
+            elif len(v.dims) == len(found.dims):
+                v = replace(v, dims=tuple(d if isinstance(d, int) or not isinstance(f, int) else f
+                                          for d, f in zip(v.dims, found.dims)))
+        described.append(v)
+    return described
+
+
 def _copied_into(name, result, target):
     """A bound output's array: the caller's, written by the run or copied into now."""
     if result is target:
@@ -155,6 +176,7 @@ class InferenceSession:
         self._last = None
         self._last_outputs = {}
         self._run_io = []  # executor.RunIO of each run under a budget
+        self._outputs_described = None  # the outputs as get_outputs() reports them, made on first call
         if all(v.is_static for v in self._graph.inputs):
             self._executor_for(tuple((v.name, tuple(v.dims), np.dtype(v.dtype))
                                      for v in self._graph.inputs))
@@ -165,8 +187,10 @@ class InferenceSession:
                 for v in self._graph.inputs]
 
     def get_outputs(self):
+        if self._outputs_described is None:
+            self._outputs_described = _described_outputs(self._graph)
         return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, type_name(v.dtype))
-                for v in self._graph.outputs]
+                for v in self._outputs_described]
 
     def get_modelmeta(self):
         return ModelMetadata(self._graph.meta)

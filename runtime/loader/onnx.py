@@ -136,6 +136,22 @@ def load_onnx(source, path=None, base_dir=None):
     return graph
 
 
+def inferred_outputs(source):
+    """{name: ValueInfo} of the graph outputs as ONNX shape inference finds them from the model's
+    structure (no weight byte is read); {} when inference fails. onnxruntime reports outputs with
+    these shapes merged into the declared ones."""
+    model = onnx.ModelProto.FromString(_Stripper(source).strip(source.size))
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError, ValueError):
+        return {}
+    builder = _Builder(source, None, None, set())
+    try:
+        return {v.name: builder._value_info(v) for v in model.graph.output}
+    except ModelError:
+        return {}
+
+
 class _Stripper:
     """The wire-format walk: the model's bytes with every large raw_data cut out.
 

@@ -13,6 +13,7 @@ variable, so sessions of different sizes may run at once in different threads.
 """
 
 import contextvars
+import functools
 import itertools
 import os
 import queue
@@ -127,13 +128,17 @@ os.register_at_fork(after_in_child=_forget_pools)
 def default_threads():
     """The physical cores this process may run on (onnxruntime's default for intra_op_num_threads)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(usable, _physical_cores() or usable))
+
+
+@functools.lru_cache(maxsize=1)
+def _physical_cores():
+    """The machine's physical cores (psutil reads /sys: ~50 us, so once per process), or None."""
     try:
         import psutil
-
-        physical = psutil.cpu_count(logical=False) or usable
     except ImportError:
-        physical = usable
-    return max(1, min(usable, physical))
+        return None
+    return psutil.cpu_count(logical=False)
 
 
 _CURRENT = contextvars.ContextVar("nnrun_pool", default=SERIAL)
