@@ -9,8 +9,17 @@ index in the file, whatever rewrote the node in between:
 Kernels and passes raise plain messages; the compiler's pass runner and the
 executor add the location once (`located`).
 
-Each class also derives from the onnxruntime status class (status.py) that onnxruntime raises
-in the same case, so code written to catch onnxruntime's errors catches nnrun's.
+Each class also derives from the onnxruntime status classes (status.py) that onnxruntime raises
+in the same cases, so code written to catch onnxruntime's errors catches nnrun's:
+
+    ModelError               InvalidGraph, Fail (a file that does not parse: also InvalidProtobuf;
+                             one that cannot be opened: also NoSuchFile; a shape rule that fails
+                             for a run's feeds is one too, and onnxruntime's is Fail)
+    UnsupportedOperatorError NotImplemented, InvalidGraph, Fail (onnxruntime's three answers
+                             to an operator it has no kernel or schema for)
+    InputError               InvalidArgument, and ValueError (onnxruntime's for a missing feed)
+    ExecutionError           RuntimeException, Fail (a kernel that failed)
+    BudgetError, UnsupportedFeatureError   Fail (the latter NotImplemented too)
 """
 
 from . import status
@@ -25,7 +34,7 @@ class NnrunError(Exception):
     where = None
 
 
-class ModelError(NnrunError, status.InvalidGraph):
+class ModelError(NnrunError, status.InvalidGraph, status.Fail):
     """The model file is malformed, hostile or inconsistent.
 
     The message names what is wrong and where: a byte offset, a tensor or a node.
@@ -40,7 +49,7 @@ class MalformedModelError(ModelError, status.InvalidProtobuf):
     """The model's bytes do not parse: not a protobuf (or flatbuffer) of a model."""
 
 
-class UnsupportedOperatorError(NnrunError, status.NotImplemented):
+class UnsupportedOperatorError(NnrunError, status.NotImplemented, status.InvalidGraph, status.Fail):
     """The model uses operators nnrun does not implement.
 
     `ops` lists every unsupported (domain, op_type, opset) of the model at once.
@@ -55,7 +64,7 @@ class UnsupportedOperatorError(NnrunError, status.NotImplemented):
         super().__init__(f"unsupported operators: {listed}")
 
 
-class UnsupportedFeatureError(NnrunError, status.NotImplemented):
+class UnsupportedFeatureError(NnrunError, status.NotImplemented, status.Fail):
     """An onnxruntime feature nnrun does not have (a custom op library, a device binding)."""
 
 
@@ -63,7 +72,7 @@ class BudgetError(NnrunError, status.Fail):
     """The memory budget is below the least the model can run in."""
 
 
-class InputError(NnrunError, status.InvalidArgument):
+class InputError(NnrunError, status.InvalidArgument, ValueError):
     """A feed does not match the model: unknown name, missing input, wrong shape or dtype."""
 
 
