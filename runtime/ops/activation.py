@@ -28,7 +28,13 @@ def blockwise(core, x, out, temps):
 
     `temps` are 1-D buffers of equal length, the block size. Lets a formula that
     needs temporaries run with a few small ones instead of output-sized ones.
+    A view that is not contiguous (a share of a batched output: out[:, c0:c1]) is
+    taken one leading index at a time: flattening it would copy, and the writes be lost.
     """
+    if not (out.flags.c_contiguous and x.flags.c_contiguous):
+        for i in range(out.shape[0]):
+            blockwise(core, x[i], out[i], temps)
+        return
     xf, of = x.reshape(-1), out.reshape(-1)
     n = of.size
     step = len(temps[0])

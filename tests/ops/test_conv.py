@@ -7,7 +7,7 @@ from oracle import (FLOAT16_RTOL, assert_close, check_model, check_node, helper,
 
 import nnrun
 from nnrun import ir
-from nnrun.ops import conv_core
+from nnrun.ops import conv_core, parallel
 from nnrun.ops.conv import Conv, ConvTranspose
 from nnrun.ops.registry import TensorInfo
 
@@ -384,6 +384,18 @@ def test_conv_activation_model(w_shape, group, act):
     x, w, b = _data((2, 3, 8, 7)), _data(w_shape, 1), _data((6,), 2)
     pads = [1, 1, 1, 1] if w_shape[2] == 3 else [0, 0, 0, 0]
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, group=group),
+                        helper.make_node(act, ["c"], ["y"])],
+                       [("x", x)], [("y", None)], [("w", w), ("b", b)])
+    check_model(model, {"x": x})
+
+
+@pytest.mark.parametrize("act", ["Relu", "HardSigmoid", "HardSwish"])
+def test_conv_activation_over_a_batch_split_in_channel_shares(act):
+    """An output of SPLIT_FROM elements and more has its bias and activation applied in channel
+    shares; with a batch, each share is a view that is not contiguous."""
+    x, w, b = _data((3, 3, 96, 96)), _data((24, 3, 3, 3), 1), _data((24,), 2)
+    assert 3 * 24 * 96 * 96 >= parallel.SPLIT_FROM
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
                         helper.make_node(act, ["c"], ["y"])],
                        [("x", x)], [("y", None)], [("w", w), ("b", b)])
     check_model(model, {"x": x})

@@ -467,3 +467,22 @@ def test_apply_activation_in_place(kind, params):
     assert apply_activation(y, (kind, dict(params, unused_extra=1))) is y
     assert_close(y, expected, what=kind)
     assert apply_activation(y, None) is y
+
+
+@pytest.mark.parametrize("kind,params", FUSED, ids=str)
+def test_apply_activation_on_a_share_of_a_batched_output(kind, params):
+    """A channel share of a batched output (out[:, c0:c1]) is not contiguous: every value of it
+    is activated in place and nothing outside it is touched."""
+    x = signed((3, 8, 5, 7))
+    if kind == "Clip":
+        node = helper.make_node(kind, ["x"] + [n if n in params else "" for n in ("min", "max")], ["y"])
+        bounds = [(name, np.float32(params[name])) for name in ("min", "max") if name in params]
+        model = make_model([node], [("x", x)], [("y", None)], bounds, opset=13)
+    else:
+        model = make_model([helper.make_node(kind, ["x"], ["y"], **params)], [("x", x)], [("y", None)], opset=14)
+    (expected,) = run_onnxruntime(model, {"x": x})
+    y = x.copy()
+    apply_activation(y[:, 2:6], (kind, params))
+    assert_close(y[:, 2:6], expected[:, 2:6], what=kind)
+    np.testing.assert_array_equal(y[:, :2], x[:, :2])
+    np.testing.assert_array_equal(y[:, 6:], x[:, 6:])
