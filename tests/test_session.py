@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 import nnrun
 from oracle import WHOLE_MODEL_RTOL, assert_close, check_model, make_model, run_onnxruntime
@@ -93,6 +93,27 @@ def test_unsupported_operators_are_listed_at_once():
         nnrun.InferenceSession(model.SerializeToString())
     assert "NoSuchOp" in str(info.value) and "com.example.AlsoMissing" in str(info.value)
     assert isinstance(info.value, nnrun.NnrunError)
+
+
+def test_unsupported_operators_in_bodies_are_listed_at_session_creation():
+    """A body's unsupported op is refused when the session is made (onnxruntime too), not at the
+    first run that takes its branch; ops at every depth are listed together."""
+    def value(name):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])
+
+    inner = helper.make_graph([helper.make_node("DeepMissing", ["x"], ["d"])], "inner", [], [value("d")])
+    then = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["t"])], "then", [], [value("t")])
+    other = helper.make_graph([helper.make_node("If", ["c"], ["e"], then_branch=inner, else_branch=inner)],
+                              "else", [], [value("e")])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    model = make_model(nodes, [("c", (np.bool_, [])), ("x", (np.float32, [2]))], [("y", None)])
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    with pytest.raises(Exception) as theirs:
+        run_onnxruntime(model, {"c": np.array(False), "x": np.zeros(2, np.float32)})
+    assert "NoSuchOp" in str(theirs.value) or "DeepMissing" in str(theirs.value)  # refused there too
+    with pytest.raises(nnrun.UnsupportedOperatorError) as info:
+        nnrun.InferenceSession(model.SerializeToString())
+    assert {op for _, op, _ in info.value.ops} == {"NoSuchOp", "DeepMissing"}
 
 
 def test_report_has_the_contract_fields():

@@ -21,6 +21,7 @@ import numpy as np
 from .. import ops
 from ..cache_file import in_cache_file
 from ..errors import ModelError, UnsupportedOperatorError, located
+from ..ir import Graph
 from ..memory_limit import anonymous_bytes
 from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
@@ -155,14 +156,24 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
 # --- the graph as it may run -----------------------------------------------------------------------
 
 def check_supported(graph):
-    """Every (domain, op, opset) of the graph without a kernel, raised at once."""
-    missing = []
+    """Every (domain, op, opset) without a kernel, in the graph and in the bodies of its control-flow
+    nodes at any depth, raised at once: a body's op is refused when the session is made, not when
+    a run first takes that branch."""
+    missing = list(unsupported(graph))
+    if missing:
+        raise UnsupportedOperatorError(missing)
+
+
+def unsupported(graph):
+    """(domain, op, opset) of each node of `graph` and its bodies that has no kernel."""
     for node in graph.nodes:
         version = default_opset(graph, node.domain)
         if ops.lookup(node.domain, node.op_type, version) is None:
-            missing.append((node.domain, node.op_type, version))
-    if missing:
-        raise UnsupportedOperatorError(missing)
+            yield node.domain, node.op_type, version
+        for value in node.attrs.values():
+            for body in value if isinstance(value, list) else (value,):
+                if isinstance(body, Graph):
+                    yield from unsupported(body)
 
 
 def topological_order(nodes, context):

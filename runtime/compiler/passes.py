@@ -23,7 +23,7 @@ class Pass:
 
 
 PASSES = tuple(Pass(*p) for p in (
-    ("check_supported", False, "every op of the graph, subgraphs aside, has a kernel; all missing ones "
+    ("check_supported", False, "every op of the graph and of its subgraphs has a kernel; all missing ones "
                                "reported at once"),
     ("capture_outer_values", False, "outer-scope values a subgraph reads become explicit node inputs"),
     ("topological_order", False, "nodes in an order where every input is produced before it is read"),
