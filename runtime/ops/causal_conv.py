@@ -11,12 +11,14 @@ multiply-add over the whole (batch, channels, length) block. The sum is kept in
 float32 for the half types, rounded once, as a float GEMM sums.
 """
 
+import ml_dtypes
 import numpy as np
 
 from .activation import sigmoid
 from .registry import Inferred, Kernel, TensorInfo, register
 
 _F32 = np.dtype(np.float32)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 ACTIVATIONS = ("none", "silu", "swish")
 
 
@@ -35,7 +37,7 @@ class CausalConvWithState(Kernel):
         if len(weight.shape) != 3 or weight.shape[:2] != (channels, 1) or weight.shape[2] < 1:
             self.fail(f"weight {list(weight.shape)} must be ({channels}, 1, k) for {channels} channels")
         k = weight.shape[2]
-        if x.dtype.kind != "f":
+        if x.dtype.kind != "f" and x.dtype != _BF16:
             self.fail(f"input must be a float tensor, not {x.dtype}")
         for name, info, shape in (("weight", weight, None), ("bias", bias, (channels,)),
                                   ("past_state", past_state, (batch, channels, k - 1))):

@@ -19,11 +19,13 @@ is given). `chunk_size` is a hint for chunked prefill and does not change result
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from .registry import Inferred, Kernel, TensorInfo, register
 
 _F32 = np.dtype(np.float32)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 
 
@@ -48,7 +50,7 @@ class LinearAttention(Kernel):
         for name, info in (("query", q), ("key", k), ("value", v)):
             if len(info.shape) != 3:
                 self.fail(f"{name} {list(info.shape)} must be (batch, sequence, heads * size)")
-            if info.dtype.kind != "f" or info.dtype != q.dtype:
+            if (q.dtype.kind != "f" and q.dtype != _BF16) or info.dtype != q.dtype:
                 self.fail(f"query, key and value must be one float type, not {q.dtype}, {k.dtype}, {v.dtype}")
         batch, t, q_hidden = q.shape
         if k.shape[:2] != (batch, t) or v.shape[:2] != (batch, t):

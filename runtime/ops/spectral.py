@@ -12,6 +12,7 @@ Values that decide a shape (dft_length, frame_step, frame_length, num_mel_bins..
 must be known at PREPARE for the node to be planned; else it runs eagerly.
 """
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import ExecutionError, ModelError
@@ -19,6 +20,11 @@ from .registry import Inferred, Kernel, TensorInfo, register
 from .shape import int_list, onnx_dtype, sane_shape
 
 _F32 = np.dtype(np.float32)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_float(dtype):
+    return dtype.kind == "f" or dtype == _BF16
 
 
 def _fft_dtype(dtype):
@@ -84,7 +90,7 @@ class _DFT(Kernel):
         rank = len(x.shape)
         if rank < 2 or x.shape[-1] not in (1, 2):
             self.fail(f"input {list(x.shape)} must end in 1 (real) or 2 (complex)")
-        if x.dtype.kind != "f":
+        if not _is_float(x.dtype):
             self.fail(f"input must be a float tensor, not {x.dtype}")
         if self.onesided and self.inverse and x.shape[-1] != 2:
             self.fail("an inverse one-sided DFT (IRFFT) needs a complex input")
@@ -156,7 +162,7 @@ class STFT(Kernel):
     def infer(self, signal, frame_step, window=None, frame_length=None):
         if len(signal.shape) != 3 or signal.shape[-1] not in (1, 2):
             self.fail(f"signal {list(signal.shape)} must be [batch, length, 1 or 2]")
-        if signal.dtype.kind != "f":
+        if not _is_float(signal.dtype):
             self.fail(f"signal must be a float tensor, not {signal.dtype}")
         step = _scalar(self.node, frame_step, "frame_step")
         length = _scalar(self.node, frame_length, "frame_length")

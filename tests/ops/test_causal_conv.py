@@ -1,5 +1,6 @@
 """CausalConvWithState against onnxruntime."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -53,3 +54,11 @@ def test_causal_conv_weight_shape_is_checked():
                        [("y", None), ("present", None)], opset=27)
     with pytest.raises(nnrun.ModelError, match=r"must be \(4, 1, k\)"):
         nnrun.InferenceSession(model.SerializeToString())
+
+
+def test_causal_conv_bfloat16():
+    # onnxruntime has no bfloat16 CausalConvWithState. bfloat16 keeps 8 significant bits, and
+    # the reference evaluator sums in it: a few of its spacings (4e-3 near 1) apart.
+    inputs = [(n, a.astype(ml_dtypes.bfloat16)) for n, a in conv_inputs(bias=True, past=True)]
+    check_node("CausalConvWithState", inputs, {"activation": "silu"}, n_outputs=2, opset=27, oracle="reference",
+               rtol=1e-2)

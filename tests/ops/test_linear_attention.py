@@ -1,5 +1,6 @@
 """LinearAttention against onnxruntime."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -99,3 +100,10 @@ def test_linear_attention_inputs_follow_the_rule(rule, given, drop, message):
                        opset=27)
     with pytest.raises(nnrun.ModelError, match=message):
         nnrun.InferenceSession(model.SerializeToString())
+
+
+def test_linear_attention_bfloat16():
+    # onnxruntime has no bfloat16 LinearAttention. bfloat16 keeps 8 significant bits (spacing
+    # 4e-3 near 1), rounded at the inputs and outputs.
+    inputs = [(n, a.astype(ml_dtypes.bfloat16)) for n, a in la_inputs(past=True)]
+    check_node("LinearAttention", inputs, attrs("gated_delta"), n_outputs=2, opset=27, oracle="reference", rtol=1e-2)

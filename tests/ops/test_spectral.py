@@ -1,11 +1,13 @@
 """DFT, STFT and MelWeightMatrix against onnxruntime, and the reference evaluator where
 onnxruntime lacks a type or a form (named at each test)."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import nnrun
-from oracle import FLOAT16_RTOL, TensorProto, check_model, check_node, data, helper, make_model
+from oracle import (FLOAT16_RTOL, TensorProto, assert_close, check_model, check_node, data, helper, make_model,
+                    run_nnrun)
 
 
 def signal(shape, dtype=np.float32, seed=0):
@@ -81,6 +83,20 @@ def test_dft_float16():
     # onnxruntime has no float16 DFT.
     check_node("DFT", [("x", signal((2, 10, 2), np.float16))], {"axis": 1}, opset=17, oracle="reference",
                rtol=FLOAT16_RTOL)
+
+
+@pytest.mark.parametrize("onesided", [0, 1])
+def test_dft_bfloat16(onesided):
+    # Neither oracle runs a bfloat16 DFT: the spec's transform in float64, rounded to bfloat16
+    # (8 significant bits: one rounding is within 1e-2 of the largest magnitude).
+    x = signal((2, 12, 3, 1)).astype(ml_dtypes.bfloat16)
+    model = make_model([helper.make_node("DFT", ["x"], ["y"], axis=1, onesided=onesided)], [("x", x)], [("y", None)],
+                       opset=17)
+    (y,) = run_nnrun(model, {"x": x})
+    spectrum = np.fft.fft(x[..., 0].astype(np.float64), axis=1)[:, :7 if onesided else 12]
+    expected = np.stack([spectrum.real, spectrum.imag], axis=-1).astype(ml_dtypes.bfloat16)
+    assert y.dtype == expected.dtype
+    assert_close(y.astype(np.float32), expected.astype(np.float32), rtol=1e-2)
 
 
 @pytest.mark.parametrize("onesided,inverse", [(0, 0), (0, 1), (1, 0)])
