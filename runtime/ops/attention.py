@@ -29,6 +29,16 @@ def _compute_dtype(dtype):
     return _F32 if dtype.itemsize < 4 else dtype
 
 
+def exp_rows(scores, row, ones):
+    """exp(scores - row max) in place, row sums in `row` (..., 1) by a matrix-vector product
+    with `ones`; a row of -inf has its max taken as 0, so it is zeros and sums to 0."""
+    np.maximum.reduce(scores, axis=-1, keepdims=True, out=row)
+    np.copyto(row, 0, where=np.isneginf(row))
+    np.subtract(scores, row, out=scores)
+    np.exp(scores, out=scores)
+    np.matmul(scores, ones, out=row[..., 0])
+
+
 class Attention(Kernel):
     attributes = {"is_causal": 0, "kv_num_heads": 0, "q_num_heads": 0, "qk_matmul_output_mode": 0,
                   "scale": None, "softcap": 0.0, "softmax_precision": None,
@@ -256,15 +266,10 @@ class Attention(Kernel):
         return bias
 
     def exp_rows(self, scores, row):
-        """exp(scores - row max) in place, row sums in `row`; a row of -inf has its max taken as 0."""
         if self.precision is not None and self.precision.itemsize < scores.dtype.itemsize:
             # Softmax at a narrower precision: round the logits there first.
             np.copyto(scores, scores.astype(self.precision), casting="unsafe")
-        np.maximum.reduce(scores, axis=-1, keepdims=True, out=row)
-        np.copyto(row, 0, where=np.isneginf(row))
-        np.subtract(scores, row, out=scores)
-        np.exp(scores, out=scores)
-        np.matmul(scores, self.ones, out=row[..., 0])
+        exp_rows(scores, row, self.ones)
 
 
 register("Attention", since=23)(Attention)

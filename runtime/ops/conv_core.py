@@ -774,6 +774,9 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
     multiplier = c_out // c
     rest = math.prod(window.out_spatial[1:])
     if layout == CHANNELS_FIRST:
+        # Half types sum their taps in float32, rounded once into the output, as a GEMM
+        # (numpy's or onnxruntime's) sums: a half accumulator loses a bit at every tap.
+        dtype = np.dtype(np.float32) if dtype.itemsize < 4 else dtype
         grid = phase_grid(window)
         taps = len(grid.taps)
         planes = len(grid.fills) * grid.plane_size

@@ -407,3 +407,26 @@ def test_conv_float16(w_shape, attrs):
     x = _data((1, 3, 7, 6)).astype(np.float16)
     w = _data(w_shape, 1).astype(np.float16)
     check_node("Conv", [("x", x)], attrs, initializers=[("w", w)], rtol=FLOAT16_RTOL)
+
+
+@pytest.mark.parametrize("x_shape,k", [((1, 4, 16, 16), 5), ((1, 64, 3, 3), 3), ((1, 16, 20, 20), 3),
+                                       ((2, 6, 1, 24), (1, 4))], ids=str)
+def test_depthwise_conv_float16_is_rounded_once(x_shape, k):
+    # Each path of a depthwise conv (phase planes, per-tap or one GEMM, and the transposed one)
+    # sums its taps past float16's precision and rounds once: within one float16 spacing of the
+    # exact sum, where a float16 accumulator drifts by a spacing every few taps.
+    kernel = (k, k) if isinstance(k, int) else k
+    c = x_shape[1]
+    x = _data(x_shape).astype(np.float16)
+    w = _data((c, 1, *kernel), 1).astype(np.float16)
+    pads = [kernel[0] // 2, kernel[1] // 2] * 2
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], group=c, pads=pads)], [("x", x)], [("y", None)],
+                       initializers=[("w", w)])
+    (y,) = run_nnrun(model, {"x": x})
+    # The spec's sum, in float64 (exact for these products and sums of float16 values).
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    exact = np.zeros(y.shape)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            exact += padded[:, :, i:i + y.shape[2], j:j + y.shape[3]] * w[:, 0, i, j].astype(np.float64)[:, None, None]
+    assert np.all(np.abs(y.astype(np.float64) - exact) <= np.spacing(np.abs(exact).astype(np.float16)))
