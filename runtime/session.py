@@ -20,6 +20,7 @@ from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
 from .compiler.weight_cache import default_directory as default_cache_directory
 from .errors import InputError, NnrunError
+from .ir import OPTIONAL, SEQUENCE
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
 from .memory_limit import anonymous_bytes, resolve_budget
@@ -149,10 +150,40 @@ def _with_run_io(phases, runs):
     return {**phases, "EXECUTE": execute}
 
 
-def _type_name(dtype):
+def _type_name(dtype, containers=()):
     if dtype is None:
-        return "tensor(undefined)"
-    return f"tensor({_ONNX_TYPE.get(np.dtype(dtype), np.dtype(dtype).name)})"
+        name = "tensor(undefined)"
+    else:
+        name = f"tensor({_ONNX_TYPE.get(np.dtype(dtype), np.dtype(dtype).name)})"
+    for container in reversed(containers):
+        name = f"seq({name})" if container == SEQUENCE else f"optional({name})"
+    return name
+
+
+def _container_feed(name, info, value):
+    """A feed for an input declared a sequence or an optional: a tuple of arrays (given as a
+    list), None for an empty optional, or the array an optional tensor holds."""
+    if value is None:
+        if info.containers[0] != OPTIONAL:
+            raise InputError(f"input {name!r} is a {_type_name(info.dtype, info.containers)}, got None")
+        return None
+    if not isinstance(value, (list, tuple)):
+        if SEQUENCE in info.containers:
+            raise InputError(f"input {name!r} is a {_type_name(info.dtype, info.containers)}: "
+                             f"give a list of arrays")
+        return value
+    if SEQUENCE not in info.containers:
+        raise InputError(f"input {name!r} is a {_type_name(info.dtype, info.containers)}, got a list")
+    elements = []
+    for k, element in enumerate(value):
+        array = np.asarray(element)
+        if info.dtype is not None and array.dtype != info.dtype:
+            if isinstance(element, np.ndarray) or not np.can_cast(array.dtype, info.dtype, "same_kind"):
+                raise InputError(f"input {name!r}[{k}]: expected {_type_name(info.dtype)}, "
+                                 f"got {_type_name(array.dtype)}")
+            array = array.astype(info.dtype)
+        elements.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
+    return tuple(elements)
 
 
 class InferenceSession:
@@ -192,17 +223,19 @@ class InferenceSession:
         self._last = None
         self._last_outputs = {}
         self._run_io = []  # executor.RunIO of each run under a budget
+        # Outputs that may be sequences (tuples, returned as lists) or empty optionals (None).
+        self._outside_outputs = any(v.containers or v.dtype is None for v in self._graph.outputs)
         if all(v.is_static for v in self._graph.inputs):
             self._executor_for(tuple((v.name, tuple(v.dims), np.dtype(v.dtype))
                                      for v in self._graph.inputs))
 
     # --- onnxruntime's introspection
     def get_inputs(self):
-        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype))
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype, v.containers))
                 for v in self._graph.inputs]
 
     def get_outputs(self):
-        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype))
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype, v.containers))
                 for v in self._graph.outputs]
 
     def get_providers(self):
@@ -214,7 +247,8 @@ class InferenceSession:
     # --- running
     def run(self, output_names, input_feed, run_options=None):
         feeds = self._check_feeds(input_feed)
-        signature = tuple((name, feeds[name].shape, feeds[name].dtype)
+        # A sequence or an optional has no shape or dtype here: its plan is the same whatever it holds.
+        signature = tuple((name, getattr(feeds[name], "shape", None), getattr(feeds[name], "dtype", None))
                           for name in (v.name for v in self._graph.inputs))
         executor = self._executor_for(signature)
         profile = [] if self._profiler else None
@@ -238,7 +272,9 @@ class InferenceSession:
         if profile is not None:
             self._profiler.run(executor.plan, profile, started, time.perf_counter_ns())
         self._last = executor.plan
-        self._last_outputs = {n: (a.shape, a.dtype) for n, a in results.items()}
+        shaped = results if not self._outside_outputs else {
+            n: a for n, a in results.items() if isinstance(a, np.ndarray)}
+        self._last_outputs = {n: (a.shape, a.dtype) for n, a in shaped.items()}
         outputs = [v.name for v in self._graph.outputs]
         if output_names is None:
             output_names = outputs
@@ -249,6 +285,8 @@ class InferenceSession:
         if not_yet:
             raise InputError(f"outputs {not_yet} are computed after stop_after "
                              f"{run_options.stop_after!r}")
+        if self._outside_outputs:  # as onnxruntime: a sequence is a list
+            return [list(results[n]) if isinstance(results[n], tuple) else results[n] for n in output_names]
         return [results[n] for n in output_names]
 
     def _executor_for(self, signature):
@@ -281,6 +319,11 @@ class InferenceSession:
             if name not in input_feed:
                 raise InputError(f"input {name!r} is missing")
             value = input_feed[name]
+            if info.containers:
+                value = _container_feed(name, info, value)
+                if value is None or isinstance(value, tuple):
+                    feeds[name] = value
+                    continue
             array = np.asarray(value)
             if info.dtype is not None and array.dtype != info.dtype:
                 if not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind"):
