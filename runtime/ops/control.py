@@ -1,4 +1,4 @@
-"""Control flow: If, Loop and Scan, whose bodies are subgraphs.
+"""Control flow: If, Loop and Scan (opset 8 and 9 on), whose bodies are subgraphs.
 
 A body is planned like the main graph (its own arena, folding, order), once per
 signature of what it is fed, by the planner PREPARE hands these kernels when it
@@ -309,3 +309,62 @@ class Scan(_ControlFlow):
                 np.copyto(target, np.stack(acc, axis=axis % target.ndim))
         for target, value in zip(outs[:n_states], states):
             np.copyto(target, value)
+
+
+@register("Scan", since=8)
+class Scan8(_ControlFlow):
+    """Scan of opset 8: (sequence_lens, initial_state..., scan_input...) -> (final_state...,
+    scan_output...), every value with a batch axis first and the scan inputs and outputs their
+    sequence axis second. Each batch row is scanned on its own, over its sequence length; scan
+    outputs are padded with zeros beyond it."""
+
+    attributes = {"body": REQUIRED, "num_scan_inputs": REQUIRED, "directions": None}
+    body_attributes = ("body",)
+
+    def _layout(self, regular):
+        rest = regular[1:]
+        n_states = len(rest) - self.num_scan_inputs
+        return regular[0], rest[:n_states], rest[n_states:]
+
+    def infer(self, *args):
+        regular, captured = self.split(args)
+        _, states, scan_inputs = self._layout(regular)
+        if any(len(x.shape) < 2 for x in scan_inputs) or any(len(s.shape) < 1 for s in states):
+            self.fail("every state needs a batch axis, every scan input a batch and a sequence axis")
+        batches = {x.shape[0] for x in list(states) + list(scan_inputs)}
+        steps = {x.shape[1] for x in scan_inputs}
+        if len(batches) != 1 or len(steps) > 1:
+            self.fail(f"batch sizes {sorted(batches)} and sequence lengths {sorted(steps)} must agree")
+        (batch,), t = batches, (steps.pop() if steps else 0)
+        body = self.bodies["body"]
+        feeds = dict(zip(body.input_names, [TensorInfo(s.shape[1:], s.dtype) for s in states]
+                         + [TensorInfo(x.shape[2:], x.dtype) for x in scan_inputs]))
+        outs = body.output_infos(feeds, captured, self.constant_names_of(args))
+        if any(o is None or o[0] is None for o in outs):
+            self.needs_value(body.input_names[0])
+        n = len(states)
+        return ([TensorInfo((batch, *shape), np.dtype(dtype)) for shape, dtype in outs[:n]]
+                + [TensorInfo((batch, t, *shape), np.dtype(dtype)) for shape, dtype in outs[n:]])
+
+    def run(self, *args, outs, scratch):
+        regular, captured = self.split(args)
+        lens, states, scan_inputs = self._layout(regular)
+        body = self.bodies["body"]
+        n = len(states)
+        directions = self.directions or [0] * len(scan_inputs)
+        t = scan_inputs[0].shape[1] if scan_inputs else 0
+        for target in outs[n:]:
+            target[...] = 0
+        for b in range(outs[0].shape[0] if outs else 0):
+            length = t if lens is None else int(lens[b])
+            if not 0 <= length <= t:
+                self.fail(f"sequence length {length} of batch row {b} is beyond the {t} steps")
+            carried = [s[b] for s in states]
+            for i in range(length):
+                slices = [x[b, length - 1 - i if d else i] for x, d in zip(scan_inputs, directions)]
+                results = body.run(dict(zip(body.input_names, carried + slices)), captured, self.constant_names)
+                carried = results[:n]
+                for target, value in zip(outs[n:], results[n:]):
+                    target[b, i] = value
+            for target, value in zip(outs[:n], carried):
+                target[b] = value
