@@ -24,7 +24,8 @@ def intermediates(session, feeds, names=None, stop_after=None):
     def keep(step, outputs):
         for name, array in zip(step.node.outputs, outputs):
             if name and array is not None and (wanted is None or name in wanted):
-                found[name] = np.array(array, copy=True)  # the arena reuses its bytes later
+                # the arena reuses its bytes later; a sequence (a tuple) is never changed
+                found[name] = array if isinstance(array, tuple) else np.array(array, copy=True)
 
     options = RunOptions()
     options.trace = keep

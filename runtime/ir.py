@@ -13,19 +13,26 @@ from typing import Any
 import numpy as np
 
 
+SEQUENCE, OPTIONAL = "sequence", "optional"
+
+
 @dataclass
 class ValueInfo:
     """A declared graph input, output or intermediate: name, dtype and dims.
 
     A dim is an int, a symbolic name (str), or None when the file leaves it open.
+    A sequence or an optional is described by its tensors' dtype and dims and the
+    containers around them, outermost first: `optional(seq(tensor(float)))` is
+    (OPTIONAL, SEQUENCE).
     """
     name: str
     dtype: np.dtype | None
     dims: tuple | None  # None: rank unknown
+    containers: tuple = ()  # () for a tensor
 
     @property
     def is_static(self):
-        return self.dims is not None and all(isinstance(d, int) for d in self.dims)
+        return not self.containers and self.dims is not None and all(isinstance(d, int) for d in self.dims)
 
 
 @dataclass

@@ -68,7 +68,9 @@ class PlanCache:
 
 
 def _key(graph, feeds, constants):
-    fed = tuple((name, tuple(shape), np.dtype(dtype).str) for name, (shape, dtype) in feeds.items())
+    # A shape of None: a sequence or an optional, whose plan is the same whatever it holds.
+    fed = tuple((name, tuple(shape), np.dtype(dtype).str) if shape is not None else (name, None, None)
+                for name, (shape, dtype) in feeds.items())
     known = tuple((name, np.dtype(value.dtype).str, tuple(value.shape), np.asarray(value).tobytes())
                   for name, value in (constants or {}).items())
     return id(graph), fed, known

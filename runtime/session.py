@@ -19,6 +19,7 @@ from . import ops
 from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
 from .errors import ExecutionError, InputError, NnrunError
+from .ir import OPTIONAL, SEQUENCE
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
 from .memory_limit import anonymous_bytes, resolve_budget
@@ -138,6 +139,40 @@ def _copied_into(name, result, target):
     return target
 
 
+def _type_name(dtype, containers=()):
+    """onnxruntime's name of a value's type: `tensor(float)`, `seq(tensor(float))`, `optional(...)`."""
+    name = type_name(dtype)
+    for container in reversed(containers):
+        name = f"seq({name})" if container == SEQUENCE else f"optional({name})"
+    return name
+
+
+def _container_feed(name, info, value):
+    """A feed for an input declared a sequence or an optional: a tuple of arrays (given as a
+    list), None for an empty optional, or the array an optional tensor holds."""
+    if value is None:
+        if info.containers[0] != OPTIONAL:
+            raise InputError(f"input {name!r} is a {_type_name(info.dtype, info.containers)}, got None")
+        return None
+    if not isinstance(value, (list, tuple)):
+        if SEQUENCE in info.containers:
+            raise InputError(f"input {name!r} is a {_type_name(info.dtype, info.containers)}: "
+                             f"give a list of arrays")
+        return value
+    if SEQUENCE not in info.containers:
+        raise InputError(f"input {name!r} is a {_type_name(info.dtype, info.containers)}, got a list")
+    elements = []
+    for k, element in enumerate(value):
+        array = np.asarray(element)
+        if info.dtype is not None and array.dtype != info.dtype:
+            if isinstance(element, np.ndarray) or not np.can_cast(array.dtype, info.dtype, "same_kind"):
+                raise InputError(f"input {name!r}[{k}]: expected {_type_name(info.dtype)}, "
+                                 f"got {_type_name(array.dtype)}")
+            array = array.astype(info.dtype)
+        elements.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
+    return tuple(elements)
+
+
 class InferenceSession:
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None,
                  **kwargs):
@@ -177,19 +212,21 @@ class InferenceSession:
         self._last_outputs = {}
         self._run_io = []  # executor.RunIO of each run under a budget
         self._outputs_described = None  # the outputs as get_outputs() reports them, made on first call
+        # Outputs that may be sequences (tuples, returned as lists) or empty optionals (None).
+        self._outside_outputs = any(v.containers or v.dtype is None for v in self._graph.outputs)
         if all(v.is_static for v in self._graph.inputs):
             self._executor_for(tuple((v.name, tuple(v.dims), np.dtype(v.dtype))
                                      for v in self._graph.inputs))
 
     # --- onnxruntime's introspection
     def get_inputs(self):
-        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, type_name(v.dtype))
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype, v.containers))
                 for v in self._graph.inputs]
 
     def get_outputs(self):
         if self._outputs_described is None:
             self._outputs_described = _described_outputs(self._graph)
-        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, type_name(v.dtype))
+        return [NodeArg(v.name, list(v.dims) if v.dims is not None else None, _type_name(v.dtype, v.containers))
                 for v in self._outputs_described]
 
     def get_modelmeta(self):
@@ -254,7 +291,8 @@ class InferenceSession:
         if getattr(run_options, "terminate", False):
             raise ExecutionError("Exiting due to terminate flag being set to true.")
         feeds = self._check_feeds(input_feed)
-        signature = tuple((name, feeds[name].shape, feeds[name].dtype)
+        # A sequence or an optional has no shape or dtype here: its plan is the same whatever it holds.
+        signature = tuple((name, getattr(feeds[name], "shape", None), getattr(feeds[name], "dtype", None))
                           for name in (v.name for v in self._graph.inputs))
         executor = self._executor_for(signature)
         profile = [] if self._profiler else None
@@ -278,7 +316,9 @@ class InferenceSession:
         if profile is not None:
             self._profiler.run(executor.plan, profile, started, time.perf_counter_ns())
         self._last = executor.plan
-        self._last_outputs = {n: (a.shape, a.dtype) for n, a in results.items()}
+        shaped = results if not self._outside_outputs else {
+            n: a for n, a in results.items() if isinstance(a, np.ndarray)}
+        self._last_outputs = {n: (a.shape, a.dtype) for n, a in shaped.items()}
         outputs = [v.name for v in self._graph.outputs]
         if output_names is None:
             output_names = outputs
@@ -292,6 +332,8 @@ class InferenceSession:
         if into:
             for name, target in into.items():
                 results[name] = _copied_into(name, results[name], target)
+        if self._outside_outputs:  # as onnxruntime: a sequence is a list
+            return [list(results[n]) if isinstance(results[n], tuple) else results[n] for n in output_names]
         return [results[n] for n in output_names]
 
     def _executor_for(self, signature):
@@ -324,6 +366,11 @@ class InferenceSession:
             if name not in input_feed:
                 raise InputError(f"input {name!r} is missing")
             value = input_feed[name]
+            if info.containers:
+                value = _container_feed(name, info, value)
+                if value is None or isinstance(value, tuple):
+                    feeds[name] = value
+                    continue
             array = np.asarray(value)
             if info.dtype is not None and array.dtype != info.dtype:
                 if not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind"):

@@ -203,3 +203,28 @@ def run_onnxruntime_path(path, feeds):
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def assert_close_values(actual, expected, rtol=1e-4, what=""):
+    """assert_close for any ONNX value: a sequence (a list, compared element by element, as
+    onnxruntime and the reference evaluator return it), an empty optional (None) or a tensor."""
+    if expected is None:
+        assert actual is None, f"{what}: expected an empty optional, got {type(actual).__name__}"
+        return
+    if isinstance(expected, list):
+        assert isinstance(actual, list), f"{what}: expected a sequence (a list), got {type(actual).__name__}"
+        assert len(actual) == len(expected), f"{what}: {len(actual)} tensors, expected {len(expected)}"
+        for k, (a, e) in enumerate(zip(actual, expected)):
+            assert_close_values(a, e, rtol, f"{what}[{k}]")
+        return
+    assert_close(actual, expected, rtol=rtol, what=what)
+
+
+def check_values(model, feeds, oracle="reference", rtol=1e-4):
+    """check_model for a model whose inputs or outputs may be sequences (lists) or optionals (None)."""
+    expected = (run_onnxruntime if oracle == "onnxruntime" else run_reference)(model, feeds)
+    actual = run_nnrun(model, feeds)
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert_close_values(a, e, rtol, what=f"output {i}")
+    return actual

@@ -73,3 +73,17 @@ def test_stop_after_ends_the_run_and_says_which_outputs_it_lacks():
         sess.run(None, X, options)
     # the knobs are per run: the next plain run is whole
     assert_close(sess.run(None, X)[0], run_onnxruntime(conv_chain(), X)[0])
+
+
+def test_a_sequence_intermediate_is_kept_as_a_list_of_its_tensors():
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["s"], axis=1),
+             helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)]
+    model = make_model(nodes, [("x", (np.float32, [2, 3]))], [("y", None)])
+    x = rng(2).standard_normal((2, 3)).astype(np.float32)
+    found = nnrun.debug.intermediates(nnrun.InferenceSession(model.SerializeToString()), {"x": x}, names=["s"])
+    shown = onnx.ModelProto.FromString(model.SerializeToString())  # s made a graph output for onnxruntime
+    shown.graph.output.append(helper.make_tensor_sequence_value_info("s", onnx.TensorProto.FLOAT, None))
+    expected = run_onnxruntime(shown, {"x": x})[1]
+    assert len(found["s"]) == len(expected)
+    for a, e in zip(found["s"], expected):
+        assert_close(a, e)

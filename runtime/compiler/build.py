@@ -230,15 +230,18 @@ def infer_shapes(nodes, context, fold, inline=True):
 
     Folding runs inside this walk, node by node, because later shape rules need the
     values it produces (a Reshape's shape computed from a Shape). A node whose shape
-    depends on a value known only per run becomes an eager step (outputs None).
+    depends on a value known only per run becomes an eager step (outputs None), and so
+    does one whose shape rule gives an output no shape (a sequence, an optional).
+    A feed of shape None is a sequence or an optional: known only per run too.
     """
     graph = context.graph
-    infos = {name: TensorInfo(tuple(shape), np.dtype(dtype))
+    infos = {name: TensorInfo(tuple(shape), np.dtype(dtype)) if shape is not None else None
              for name, (shape, dtype) in context.feeds.items()}
     for name, w in nodes.weights.items():
         infos[name] = _weight_info(w)
     steps = []
-    dynamic = set()  # values whose shapes are known only when the model runs
+    # values whose shapes are known only when the model runs
+    dynamic = {name for name, (shape, _) in context.feeds.items() if shape is None}
     defined = set(infos) | {o for node in nodes.nodes for o in node.outputs if o}  # for inline_if
     pending = list(reversed(nodes.nodes))  # a stack: an inlined If pushes its branch's nodes
     while pending:
@@ -271,6 +274,8 @@ def infer_shapes(nodes, context, fold, inline=True):
                     inferred = kernel.shape_rule(*in_infos)
                 except NeedsValueError:
                     pass
+                if inferred is not None and any(info.shape is None for info in inferred):
+                    inferred = None  # an output outside the arena: made per run
             if inferred is None:
                 for name in node.outputs:
                     if name:
@@ -450,7 +455,8 @@ def build_plan(prepared, buffers, placement, context):
             names.append(name)
         return slots[name]
 
-    feed_slots = {name: (slot(name), tuple(shape), np.dtype(dtype))
+    # A feed of shape None is a sequence or an optional, held by no arena slot.
+    feed_slots = {name: (slot(name), tuple(shape), np.dtype(dtype)) if shape is not None else (slot(name), None, None)
                   for name, (shape, dtype) in context.feeds.items()}
     produced = {n for step in prepared.steps for n in step.node.outputs if n}
     constants = {name: info.value for name, info in infos.items()
@@ -525,7 +531,10 @@ def build_plan(prepared, buffers, placement, context):
             if infos[n].weight is not None:
                 kept[infos[n].weight.id] = infos[n].weight
     outputs = tuple((n, slots[n]) for n in context.outputs)
-    dynamic_slots = frozenset(slots[n] for n in buffers.dynamic if n in slots)
+    # The run owns these values: a graph output among them is handed out as it is (a sequence or an
+    # optional fed as an output is never changed by a run, so it needs no copy either).
+    dynamic_slots = frozenset(slots[n] for n in buffers.dynamic if n in slots) | frozenset(
+        s for s, shape, _ in feed_slots.values() if shape is None)
     output_infos = tuple(None if infos[n] is None else (infos[n].shape, infos[n].dtype)
                          for n in context.outputs)
     live = live_bytes(placement.spans, buffers.sizes, len(placement.order))

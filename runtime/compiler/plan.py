@@ -10,7 +10,8 @@ Values are numbered slots. A slot is filled, per run, from one of:
 - `fresh`: a graph output the last kernel writes directly, allocated per run;
 - an alias step, which views another slot under a new shape;
 - an eager step, whose output shapes depend on values known only per run
-  (NonZero, a Reshape fed its shape): it allocates its outputs itself.
+  (NonZero, a Reshape fed its shape): it allocates its outputs itself. So do the
+  steps that make sequences and optionals, which never live in the arena.
 
 Each `PlannedStep` says, besides what the executor needs, what the step touches:
 its values (`ValueSlot`: where each lives, its shape and dtype), the weights it
@@ -108,11 +109,11 @@ class Plan:
     steps: tuple  # PlannedStep, in execution order
     slot_names: tuple  # slot id -> value name (scratch slots get a synthetic name)
     constants: dict  # slot -> array or ExternalData
-    feeds: dict  # input name -> (slot, shape, dtype)
+    feeds: dict  # input name -> (slot, shape, dtype); shape and dtype None: a sequence or an optional
     arena: tuple  # ArenaSlot
     fresh: dict  # slot -> (shape, dtype): graph outputs written straight by their kernel
     outputs: tuple  # (name, slot) in graph output order
-    dynamic: frozenset  # slots written by eager steps: fresh arrays each run
+    dynamic: frozenset  # slots the run owns: written by eager steps, or sequences and optionals fed
     arena_bytes: int
     lower_bound_bytes: int
     stats: dict = field(default_factory=dict)  # weights mapped/packed/released bytes, steps, pass times

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from ..errors import ExecutionError, located
-from ..ops.registry import TensorInfo
+from ..ops.registry import info_of
 from ..paging import DIRECT_IO_ALIGNMENT, round_up, storage_bytes
 from .band import run_banded
 from .prefetch import Prefetcher
@@ -299,26 +299,32 @@ def _run_eager(step, kernel, env):
     """A step whose shapes depend on values known only now: infer, prepare, allocate, run.
 
     The kernel is this run's alone; the outputs are new arrays (never views of
-    the arena, whose bytes later steps may reuse).
+    the arena, whose bytes later steps may reuse), sequences (tuples of arrays)
+    or empty optionals (None): those never live in the arena.
     """
     args = [env[i] if i >= 0 else None for i in step.inputs]
-    infos = [TensorInfo.of(a) if a is not None else None for a in args]
+    infos = [info_of(a) for a in args]
     inferred = kernel.shape_rule(*infos)
     out_infos = list(inferred)[:len(step.outputs)]
     scratch = tuple(np.empty(s, d) for s, d in kernel.ready(inferred.derived, *infos))
     args = [None if k in kernel.packed else a for k, a in enumerate(args)]
-    # A shape of None: known only once the kernel has run (a Loop's scan outputs);
-    # the kernel then returns that output instead of writing it.
+    # A shape of None: known only once the kernel has run (a Loop's scan outputs, a
+    # sequence); the kernel then returns that output instead of writing it.
     outs = tuple(np.empty(info.shape, info.dtype) if o >= 0 and info.shape is not None else None
                  for o, info in zip(step.outputs, out_infos))
     result = kernel.run(*args, outs=outs, scratch=scratch)
     if result is not None:
         results = result if isinstance(result, (tuple, list)) else (result,)
-        outs = tuple(np.asarray(r) if out is None else out for r, out in zip(results, outs))
+        outs = tuple(_returned(r) if out is None else out for r, out in zip(results, outs))
         _store(results, outs)
     for o, out in zip(step.outputs, outs):
         if o >= 0:
             env[o] = out
+
+
+def _returned(value):
+    """An eager kernel's returned output as the run keeps it: a sequence or None as it is."""
+    return value if value is None or isinstance(value, tuple) else np.asarray(value)
 
 
 def _store(result, outs):

@@ -481,16 +481,21 @@ class _Builder:
             _check_names((name,), "value_info")
         value_type = v.type
         kind = value_type.WhichOneof("value")
+        containers = ()
+        while kind in ("sequence_type", "optional_type") and len(containers) < MAX_GRAPH_DEPTH:
+            containers += (ir.SEQUENCE if kind == "sequence_type" else ir.OPTIONAL,)
+            value_type = getattr(value_type, kind).elem_type
+            kind = value_type.WhichOneof("value")
         if kind == "tensor_type":
             tensor_type = value_type.tensor_type
         elif kind == "sparse_tensor_type":
             tensor_type = value_type.sparse_tensor_type
         else:
-            return ir.ValueInfo(name, None, None)
+            return ir.ValueInfo(name, None, None, containers)
         elem_type = tensor_type.elem_type
         dtype = _numpy_dtype(elem_type, f"value {name!r}") if elem_type else None
         if not tensor_type.HasField("shape"):
-            return ir.ValueInfo(name, dtype, None)
+            return ir.ValueInfo(name, dtype, None, containers)
         dims = []
         for d in tensor_type.shape.dim:
             value = d.dim_value
@@ -508,7 +513,7 @@ class _Builder:
                 dims.append(param or None)
             else:
                 dims.append(None)
-        return ir.ValueInfo(name, dtype, tuple(dims))
+        return ir.ValueInfo(name, dtype, tuple(dims), containers)
 
     # tensors
 

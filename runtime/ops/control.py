@@ -1,4 +1,4 @@
-"""Control flow: If, Loop and Scan, whose bodies are subgraphs.
+"""Control flow: If, Loop and Scan (opset 8 and 9 on), whose bodies are subgraphs.
 
 A body is planned like the main graph (its own arena, folding, order), once per
 signature of what it is fed, by the planner PREPARE hands these kernels when it
@@ -13,13 +13,15 @@ the executor has `plan` (a frozen Plan) and `run(feeds) -> {output name: array}`
 Values the body reads from the outer scope arrive as extra node inputs (the
 compiler appends them and names them in `_captured`). Small integer captured
 values known at PREPARE are planned as constants, so shape arithmetic on them
-folds inside the body; everything else is fed.
+folds inside the body; everything else is fed. A sequence or an optional (see
+registry.SequenceInfo) is fed with shape None: the body's plan is the same
+whatever it holds, and the steps that read it run eagerly.
 """
 
 import numpy as np
 
 from ..errors import NnrunError
-from .registry import REQUIRED, Kernel, TensorInfo, register
+from .registry import REQUIRED, Kernel, SequenceInfo, TensorInfo, info_of, register
 
 # Captured integer values this small are planned as constants inside a body.
 CONSTANT_CAPTURE_LIMIT = 64
@@ -43,8 +45,10 @@ class _Body:
         """
         fed, constants = {}, {}
         for name, v in list(feeds.items()) + list(captured.items()):
-            info = v if isinstance(v, TensorInfo) else TensorInfo.of(v)
-            if name in constant_names and info.value is not None:
+            info = v if isinstance(v, (TensorInfo, SequenceInfo)) else info_of(v)
+            if info is None or info.shape is None:
+                fed[name] = (None, None)  # a sequence or an optional
+            elif name in constant_names and info.value is not None:
                 constants[name] = np.asarray(info.value)
             else:
                 fed[name] = (tuple(info.shape), info.dtype)
@@ -96,7 +100,7 @@ class _ControlFlow(Kernel):
         (shape arithmetic inside the body then folds)."""
         _, captured = self.split(infos)
         return frozenset(n for n, i in captured.items()
-                         if i is not None and i.value is not None and _small_int(i.value))
+                         if isinstance(i, TensorInfo) and i.value is not None and _small_int(i.value))
 
     def prepare(self, *infos):
         self.constant_names = self.constant_names_of(infos)
@@ -113,8 +117,16 @@ def _constant_output(plan, index):
 
 
 def _same(infos_a, infos_b):
-    return all(a is not None and b is not None and tuple(a[0]) == tuple(b[0]) and a[1] == b[1]
-               for a, b in zip(infos_a, infos_b))
+    """Whether two lists of (shape, dtype) are alike, every shape known (not None: a sequence's)."""
+    return all(a is not None and b is not None and a[0] is not None and b[0] is not None
+               and tuple(a[0]) == tuple(b[0]) and a[1] == b[1] for a, b in zip(infos_a, infos_b))
+
+
+def _output_info(shape_dtype):
+    """A body output's TensorInfo; one that only a run tells (a sequence, an optional): shape None."""
+    if shape_dtype is None or shape_dtype[0] is None:
+        return TensorInfo(None, None)
+    return TensorInfo(tuple(shape_dtype[0]), np.dtype(shape_dtype[1]))
 
 
 @register("If", since=1)
@@ -137,6 +149,8 @@ class If(_ControlFlow):
             # A branch that cannot be planned for these inputs is one that will not be
             # taken for them (exporters leave such branches); which one runs decides.
             self.needs_value("cond")
+        if len(branches) == 1:
+            return [_output_info(r) for r in results[0]]
         if not all(_same(results[0], r) for r in results):
             self.needs_value("cond")  # the branches' outputs differ: which one runs decides
         return [TensorInfo(tuple(shape), np.dtype(dtype)) for shape, dtype in results[0]]
@@ -172,13 +186,14 @@ class Loop(_ControlFlow):
         carried = regular[2:]
         body = self.bodies["body"]
         n_scan = len(body.output_names) - 1 - len(carried)
-        plain = [TensorInfo(c.shape, c.dtype) for c in carried]
+        # A carried sequence or optional (SequenceInfo, None) is fed as it is: shape None.
+        plain = [TensorInfo(c.shape, c.dtype) if isinstance(c, TensorInfo) else c for c in carried]
         captured, constant_names = self._captured(captured, self.constant_names_of((m, cond, *rest)))
         executor = body.executor(self._feeds(0, plain, infos=True), captured, constant_names)
         outs = executor.plan.output_infos
         runs_to_the_end = _constant_output(executor.plan, 0) is True
         carried_out = outs[1:1 + len(carried)]
-        stable = _same(carried_out, [(c.shape, c.dtype) for c in carried])
+        stable = _same(carried_out, [(c.shape, c.dtype) if c is not None else None for c in carried])
         scan_infos = outs[1 + len(carried):]
         known = all(i is None or i.value is not None for i in regular[:2])
         trips = self._trip_count(m, cond, runs_to_the_end) if known else None
@@ -188,7 +203,7 @@ class Loop(_ControlFlow):
         if all(i is None or i.value is not None for i in regular):
             # Run eagerly with every value at hand: shapes the iterations decide are left
             # open (None) and the run returns those outputs.
-            carried_infos = plain if stable else [TensorInfo(None, c.dtype) for c in carried]
+            carried_infos = plain if stable else [TensorInfo(None, getattr(c, "dtype", None)) for c in carried]
             return carried_infos + [TensorInfo(None, np.dtype(d) if d is not None else None)
                                     for d in (o[1] if o else None for o in scan_infos)]
         self.needs_value("M" if m is not None and m.value is None else "cond")
@@ -294,3 +309,62 @@ class Scan(_ControlFlow):
                 np.copyto(target, np.stack(acc, axis=axis % target.ndim))
         for target, value in zip(outs[:n_states], states):
             np.copyto(target, value)
+
+
+@register("Scan", since=8)
+class Scan8(_ControlFlow):
+    """Scan of opset 8: (sequence_lens, initial_state..., scan_input...) -> (final_state...,
+    scan_output...), every value with a batch axis first and the scan inputs and outputs their
+    sequence axis second. Each batch row is scanned on its own, over its sequence length; scan
+    outputs are padded with zeros beyond it."""
+
+    attributes = {"body": REQUIRED, "num_scan_inputs": REQUIRED, "directions": None}
+    body_attributes = ("body",)
+
+    def _layout(self, regular):
+        rest = regular[1:]
+        n_states = len(rest) - self.num_scan_inputs
+        return regular[0], rest[:n_states], rest[n_states:]
+
+    def infer(self, *args):
+        regular, captured = self.split(args)
+        _, states, scan_inputs = self._layout(regular)
+        if any(len(x.shape) < 2 for x in scan_inputs) or any(len(s.shape) < 1 for s in states):
+            self.fail("every state needs a batch axis, every scan input a batch and a sequence axis")
+        batches = {x.shape[0] for x in list(states) + list(scan_inputs)}
+        steps = {x.shape[1] for x in scan_inputs}
+        if len(batches) != 1 or len(steps) > 1:
+            self.fail(f"batch sizes {sorted(batches)} and sequence lengths {sorted(steps)} must agree")
+        (batch,), t = batches, (steps.pop() if steps else 0)
+        body = self.bodies["body"]
+        feeds = dict(zip(body.input_names, [TensorInfo(s.shape[1:], s.dtype) for s in states]
+                         + [TensorInfo(x.shape[2:], x.dtype) for x in scan_inputs]))
+        outs = body.output_infos(feeds, captured, self.constant_names_of(args))
+        if any(o is None or o[0] is None for o in outs):
+            self.needs_value(body.input_names[0])
+        n = len(states)
+        return ([TensorInfo((batch, *shape), np.dtype(dtype)) for shape, dtype in outs[:n]]
+                + [TensorInfo((batch, t, *shape), np.dtype(dtype)) for shape, dtype in outs[n:]])
+
+    def run(self, *args, outs, scratch):
+        regular, captured = self.split(args)
+        lens, states, scan_inputs = self._layout(regular)
+        body = self.bodies["body"]
+        n = len(states)
+        directions = self.directions or [0] * len(scan_inputs)
+        t = scan_inputs[0].shape[1] if scan_inputs else 0
+        for target in outs[n:]:
+            target[...] = 0
+        for b in range(outs[0].shape[0] if outs else 0):
+            length = t if lens is None else int(lens[b])
+            if not 0 <= length <= t:
+                self.fail(f"sequence length {length} of batch row {b} is beyond the {t} steps")
+            carried = [s[b] for s in states]
+            for i in range(length):
+                slices = [x[b, length - 1 - i if d else i] for x, d in zip(scan_inputs, directions)]
+                results = body.run(dict(zip(body.input_names, carried + slices)), captured, self.constant_names)
+                carried = results[:n]
+                for target, value in zip(outs[n:], results[n:]):
+                    target[b, i] = value
+            for target, value in zip(outs[:n], carried):
+                target[b] = value

@@ -20,7 +20,9 @@ A kernel object belongs to one node. Its life:
    Omitted optional inputs arrive as None. When the shape depends on an input's
    value and that value is unknown, infer raises `NeedsValueError`
    (`self.needs_value(name)`): the node then runs eagerly, its shapes inferred
-   at each run from the actual inputs.
+   at each run from the actual inputs. So does a node with an output whose shape
+   is None: a sequence or an optional (`SequenceInfo`), or a shape only a run
+   tells; its kernel returns that output.
 3. `prepare(*inputs)` runs once the shapes are known, with the same inputs as
    `infer` and what infer derived already kept. It may turn constant inputs into
    the layout the kernel wants with `self.pack(indices, make)`, `make` a function
@@ -106,6 +108,34 @@ class TensorInfo:
         """A known value."""
         array = np.asarray(array)
         return cls(tuple(array.shape), array.dtype, array)
+
+
+@dataclass(frozen=True)
+class SequenceInfo:
+    """What a shape rule knows of a sequence: its elements' dtype (None: not known) and, at run
+    time, its value, a tuple of arrays.
+
+    Sequences and optionals never live in the arena. At run time an optional is its element
+    (an array or a tuple) or None when empty, as an omitted input is. A shape rule says an
+    output is one of them with an info whose `shape` is None (this, or `TensorInfo(None, ...)`):
+    the compiler then runs the node as an eager step, and its kernel returns that output.
+    """
+    dtype: np.dtype | None = None
+    value: tuple | None = None
+    shape = None  # not a tensor: nothing to lay out
+    alias_of = None
+    weight = None
+
+
+def info_of(value):
+    """What a shape rule is told of a value known at run time: a TensorInfo of an array, a
+    SequenceInfo of a sequence (a tuple of arrays), None of None (an omitted input, an empty
+    optional)."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return SequenceInfo(value[0].dtype if value else None, value)
+    return TensorInfo.of(value)
 
 
 class Kernel:

@@ -152,8 +152,18 @@ class Alias(Kernel):
 
 @register("Identity", since=1)
 class Identity(Alias):
+    """Its input as it is: a tensor (a view of its buffer), a sequence or an optional."""
+
     def out_shape(self, x):
         return x.shape
+
+    def infer(self, x):
+        if not isinstance(x, TensorInfo):  # a sequence, an empty optional: never in the arena
+            return Inferred([TensorInfo(None, None) if x is None else x], shape=None)
+        return super().infer(x)
+
+    def run(self, x, outs, scratch):
+        return (x,) if self.shape is None else x.reshape(self.shape)
 
 
 @register("Reshape", since=5)

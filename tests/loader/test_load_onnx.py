@@ -380,6 +380,20 @@ def test_structure_matches_onnx(tmp_path):
     assert graph.path == os.fspath(tmp_path / "m.onnx")
 
 
+def test_sequence_and_optional_types(tmp_path):
+    tensor = helper.make_tensor_type_proto(TensorProto.INT64, [None, 3])
+    seq = helper.make_value_info("s", helper.make_sequence_type_proto(tensor))
+    opt = helper.make_value_info("o", helper.make_optional_type_proto(tensor))
+    opt_seq = helper.make_value_info("os", helper.make_optional_type_proto(helper.make_sequence_type_proto(tensor)))
+    model = make_model([helper.make_node("Identity", ["s"], ["y"])], [seq, opt, opt_seq],
+                       [helper.make_tensor_sequence_value_info("y", TensorProto.FLOAT, None)])
+    graph = load_model(save(model, tmp_path / "m.onnx"))
+    s, o, os_ = graph.inputs
+    assert (s.containers, o.containers, os_.containers) == (("sequence",), ("optional",), ("optional", "sequence"))
+    assert all(v.dtype == np.int64 and v.dims == (None, 3) and not v.is_static for v in graph.inputs)
+    assert graph.outputs[0].containers == ("sequence",) and graph.outputs[0].dims is None
+
+
 def test_model_local_functions(tmp_path):
     body = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(
                 random_array(np.float32, (BIG,)))),

@@ -81,3 +81,29 @@ def test_scan_cumulative_sum_in_both_directions():
         model = make_model([node], [("s0", (np.float32, [3])), ("x", x)], [("s", None), ("ys", None)],
                            [("scale", np.array(0.5, np.float32))], opset=16)
         check_model(model, {"s0": np.ones(3, np.float32), "x": x})
+
+
+def scan8_model():
+    # Opset 8: a batch axis first; two scan inputs, the second read backwards; each batch row
+    # scanned over its own sequence length.
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "a"], ["s_out"]),
+         helper.make_node("Mul", ["s_out", "b"], ["y"])],
+        "body",
+        [helper.make_tensor_value_info("s_in", F, [3]), helper.make_tensor_value_info("a", F, [3]),
+         helper.make_tensor_value_info("b", F, [3])],
+        [helper.make_tensor_value_info("s_out", F, [3]), helper.make_tensor_value_info("y", F, [3])])
+    node = helper.make_node("Scan", ["lens", "s0", "a", "b"], ["s", "ys"], body=body, num_scan_inputs=2,
+                            directions=[0, 1])
+    return make_model([node], [("lens", (np.int64, [2])), ("s0", (np.float32, [2, 3])),
+                               ("a", (np.float32, [2, 4, 3])), ("b", (np.float32, [2, 4, 3]))],
+                      [("s", None), ("ys", None)], opset=8)
+
+
+def test_scan_of_opset_8_over_batch_rows_of_their_own_lengths():
+    r = np.random.default_rng(3)
+    feeds = {"s0": r.standard_normal((2, 3)).astype(np.float32),
+             "a": r.standard_normal((2, 4, 3)).astype(np.float32),
+             "b": r.standard_normal((2, 4, 3)).astype(np.float32)}
+    for lens in ((4, 4), (4, 2), (1, 3)):
+        check_model(scan8_model(), {**feeds, "lens": np.array(lens, np.int64)})
