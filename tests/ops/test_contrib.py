@@ -859,3 +859,26 @@ def test_qlinear_average_pool_padded(channels_last, dtype):
         np.testing.assert_array_equal(actual, expected)
         (from_ort,) = run_ort(model, feeds)
         assert np.abs(actual.astype(np.int64) - from_ort.astype(np.int64)).max() <= 1
+
+
+@pytest.mark.parametrize("quantized_output", [False, True])
+def test_qgemm_alpha_transposes_and_float_output(quantized_output):
+    """alpha, transA and a float output, which the quantizer did not write: against the spec oracle
+    exactly, and within one step (or float rounding) of onnxruntime."""
+    r = rng(24)
+    values = {"a": r.integers(0, 256, (6, 3)).astype(np.uint8), "sa": np.array(0.02, F32), "za": np.array(7, np.uint8),
+              "b": r.integers(-128, 128, (5, 6)).astype(np.int8), "sb": r.uniform(0.01, 0.03, 5).astype(F32),
+              "zb": np.zeros(5, np.int8), "c": r.integers(-500, 500, 5).astype(np.int32), "sy": np.array(0.05, F32),
+              "zy": np.array(120, np.uint8)}
+    names = ["a", "sa", "za", "b", "sb", "zb", "c", "sy"] + (["zy"] if quantized_output else [])
+    node = helper.make_node("QGemm", names, ["y"], domain=MS, alpha=0.75, transA=1, transB=1)
+    model, feeds = one_node(node, {n: values[n] for n in names})
+    (actual,) = run_nnrun(model, feeds)
+    expected = oracle_qgemm(node, *(values[n] for n in names))
+    (from_ort,) = run_ort(model, feeds)
+    if quantized_output:
+        np.testing.assert_array_equal(actual, expected)
+        assert np.abs(actual.astype(np.int64) - from_ort.astype(np.int64)).max() <= 1
+    else:
+        assert_close(actual, expected, rtol=1e-6)
+        assert_close(actual, from_ort, rtol=1e-6)
