@@ -70,11 +70,13 @@ class Conv(_ConvBase):
         """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
         self._conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, stream)
 
-    def _conv(self, x, w, b, out, plan, scratch, stream=None):
+    def _conv(self, x, w, b, out, plan, scratch, stream=None, activation=...):
+        """The convolution into `out`, then `activation` (the fused one unless given; None: none)."""
+        activation = self.activation if activation is ... else activation
         if self.w_taps is not None:
-            conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, self.activation)
+            conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation)
         else:
-            conv_core.conv(x, w, b, out, plan, scratch, self.activation, stream)
+            conv_core.conv(x, w, b, out, plan, scratch, activation, stream)
 
     def band_granule(self):
         return 1 if bands.windowed(self.window) else 0

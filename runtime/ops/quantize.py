@@ -242,19 +242,31 @@ class DynamicQuantizeLinear(Kernel):
 
     def run(self, x, *, outs, scratch=()):
         y, y_scale, y_zero_point = outs
-        low = min(float(x.min()), 0.0) if x.size else 0.0
-        high = max(float(x.max()), 0.0) if x.size else 0.0
-        # A constant input gets scale 1, as onnxruntime does (the reference takes 1/255).
-        scale = np.float32((high - low) / 255 if high != low else 1.0)
-        zero_point = np.rint(np.clip(np.float32(0) - np.float32(low) / scale, 0, 255))
-        t = scratch[0].reshape(x.shape)
-        np.divide(x, scale, out=t, casting="unsafe")
-        np.rint(t, out=t)
-        np.add(t, zero_point, out=t)
-        np.clip(t, 0, 255, out=t)
-        np.copyto(y, t, casting="unsafe")
+        scale, zero_point = dynamic_parameters(x)
+        dynamic_quantize(x, scale, zero_point, scratch[0].reshape(x.shape))
+        np.copyto(y, scratch[0].reshape(x.shape), casting="unsafe")
         y_scale[...] = scale
         y_zero_point[...] = zero_point
+
+
+def dynamic_parameters(x):
+    """The uint8 (scale, zero point) DynamicQuantizeLinear picks for x: its range widened to hold 0
+    over 255 steps, in float32; the zero point a float holding an integer."""
+    low = min(float(x.min()), 0.0) if x.size else 0.0
+    high = max(float(x.max()), 0.0) if x.size else 0.0
+    # A constant input gets scale 1, as onnxruntime does (the reference takes 1/255).
+    scale = np.float32((high - low) / 255 if high != low else 1.0)
+    zero_point = np.rint(np.clip(np.float32(0) - np.float32(low) / scale, 0, 255))
+    return scale, zero_point
+
+
+def dynamic_quantize(x, scale, zero_point, out):
+    """x quantized to uint8 by (scale, zero point), as float32 integers in `out` (x's shape)."""
+    np.divide(x, scale, out=out, casting="unsafe")
+    np.rint(out, out=out)
+    np.add(out, zero_point, out=out)
+    np.clip(out, 0, 255, out=out)
+    return out
 
 
 def integer_span(dtype):

@@ -272,7 +272,7 @@ class Recurrent(Kernel):
         block = self.gates * self.hidden
         projected = scratch[0]
         flat = projected.reshape(-1, dirs * block)
-        np.matmul(x.reshape(-1, self.size), w.reshape(dirs * block, self.size).T, out=flat)
+        self.project(x.reshape(-1, self.size), w, flat)
         bias = self.bias if b is None else self.input_bias(np.asarray(b))
         if bias is not None:
             np.add(flat, bias.reshape(-1), out=flat)
@@ -285,6 +285,15 @@ class Recurrent(Kernel):
                    for d, rev in enumerate(self.reverse)] for s in range(self.seq)]
         recurrent_t = self.recurrent_t if r is None else self.pack_recurrent(r)
         self.steps(inputs, recurrent_t, self.masks(sequence_lens), initial_h, rest, outs, scratch[1:], b)
+
+    def project(self, rows, w, out):
+        """out = rows @ W^T of every direction, side by side: the input projection of every step."""
+        np.matmul(rows, w.reshape(-1, self.size).T, out=out)
+
+    @staticmethod
+    def recurrent_product(h, recurrent_t, out):
+        """out = h @ R^T per direction: the recurrent product of a step."""
+        np.matmul(h, recurrent_t, out=out)
 
     def time(self, s, backwards):
         return self.seq - 1 - s if backwards else s
@@ -460,8 +469,9 @@ class LSTM7(Recurrent):
         cell_tanh = isinstance(g, Activation) and g.formula is _tanh
         self.start(h, initial_h)
         self.start(c, initial_c)
+        product = self.recurrent_product
         for s, xs in enumerate(inputs):
-            np.matmul(h, recurrent_t, out=gates)
+            product(h, recurrent_t, gates)
             self.add_inputs(gates, xs)
             if self.halved:
                 if self.clip is not None:
