@@ -396,7 +396,8 @@ def arena_buffers(prepared, context):
             if info.alias_of is not None:
                 source = step.node.inputs[info.alias_of]
                 root[name] = root.get(source)
-            elif name in output_set:
+            elif name in output_set or info.dtype.kind == "O":
+                # Strings are Python objects, not bytes an arena can hold: new arrays each run.
                 fresh.add(name)
             else:
                 root[name] = name

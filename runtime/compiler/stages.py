@@ -67,7 +67,7 @@ class Buffers:
     """The prepared steps in arena terms: which buffers each reads and writes, and their sizes.
 
     A buffer is an intermediate that owns arena bytes (an alias lives in its source's
-    buffer) or a step's scratch. Graph outputs get fresh arrays, eager outputs their own.
+    buffer) or a step's scratch. Graph outputs and strings get fresh arrays, eager outputs their own.
     """
     reads: tuple  # per step: buffer names it reads
     writes: tuple  # per step: buffer names it writes
@@ -76,7 +76,7 @@ class Buffers:
     pinned: frozenset  # buffers that must outlive the last step (graph outputs aliasing them)
     deps: tuple  # per step: the positions of the steps it depends on
     root: MappingProxyType  # value name -> the buffer it lives in (None: not in the arena)
-    fresh: frozenset  # graph outputs their kernel writes straight into a new array
+    fresh: frozenset  # graph outputs and strings: their kernel writes into a new array per run
     dynamic: frozenset  # values written by eager steps
 
 

@@ -174,8 +174,10 @@ class Pow(Kernel):
 
 @register("Mod", since=10)
 class Mod(Binary):
-    """fmod=0: the remainder takes the divisor's sign (Python's %);
-    fmod=1: the dividend's (C's fmod)."""
+    """fmod=0: the remainder takes the divisor's sign (Python's %, numpy's mod); fmod=1: the
+    dividend's (C's fmod). Floats with fmod=0 are allowed from opset 28, whose special cases are
+    numpy's: x mod ±0, ±inf mod y and NaN anywhere give NaN; x mod ±inf is x when x has the
+    divisor's sign, else the divisor; a zero remainder takes the divisor's sign."""
 
     attributes = {"fmod": 0}
 
@@ -185,8 +187,8 @@ class Mod(Binary):
         self.ufunc = np.fmod if self.fmod else np.mod
 
     def infer(self, a, b):
-        if a.dtype.kind == "f" and not self.fmod:
-            raise ModelError("fmod must be 1 for floating-point inputs")
+        if a.dtype.kind == "f" and not self.fmod and self.opset < 28:
+            raise ModelError("fmod must be 1 for floating-point inputs before opset 28")
         return super().infer(a, b)
 
     def run(self, a, b, *, outs, scratch):

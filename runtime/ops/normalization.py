@@ -1,4 +1,4 @@
-"""ONNX normalizations for inference: BatchNormalization, LayerNormalization, InstanceNormalization.
+"""ONNX normalizations: BatchNormalization (training mode too), LayerNormalization, InstanceNormalization.
 
 BatchNormalization with constant statistics is one multiply-add per element: the
 per-channel factor and offset are computed once at PREPARE (the four parameter
@@ -46,17 +46,20 @@ def _standardize(rows, epsilon, dtype, out=None):
 
 @register("BatchNormalization", since=1)
 class BatchNormalization(_Normalization):
-    """Inference mode only: Y = (X - mean) / sqrt(var + epsilon) * scale + B.
+    """Inference mode: Y = (X - mean) / sqrt(var + epsilon) * scale + B.
 
     Before opset 9, `spatial=0` gives per-activation statistics of shape (C, D1, ...).
+    With training_mode=1 (opset 14 on) the statistics are X's own, per channel (the mean and
+    the population variance, in double), and the outputs running_mean and running_var blend
+    them into the inputs': input * momentum + current * (1 - momentum). Nothing in it is random.
+    The outputs of the older training modes (opset 7's and 9's without training_mode) are refused.
     """
     attributes = {"epsilon": 1e-5, "momentum": 0.9, "spatial": 1, "training_mode": 0}
 
     def decode(self):
-        if self.training_mode:
-            self.fail("training_mode=1 is not supported (inference only)")
-        if sum(1 for name in self.node.outputs[1:] if name):
-            self.fail("the running statistics outputs exist in training mode only, which is not supported")
+        self.training = bool(self.training_mode) and self.opset >= 14
+        if not self.training and sum(1 for name in self.node.outputs[1:] if name):
+            self.fail("the running statistics outputs exist in training mode only (training_mode=1, opset 14 on)")
         if self.opset >= 9:
             self.spatial = 1
 
@@ -71,7 +74,10 @@ class BatchNormalization(_Normalization):
             if tuple(p.shape) != expected or p.dtype.kind != "f":
                 self.fail(f"{what} has shape {list(p.shape)} {p.dtype}; expected {list(expected)} floating")
         shape = expected + (1,) * (len(x.shape) - 1 - len(expected))
-        return Inferred([TensorInfo(tuple(x.shape), x.dtype)], shape=shape)
+        outputs = [TensorInfo(tuple(x.shape), x.dtype)]
+        if self.training:
+            outputs += [TensorInfo(expected, mean.dtype), TensorInfo(expected, var.dtype)]
+        return Inferred(outputs, shape=shape)
 
     def coefficients(self, scale, b, mean, var, dtype):
         """Y = X * factor + offset, per channel, computed in double once."""
@@ -81,11 +87,13 @@ class BatchNormalization(_Normalization):
 
     def prepare(self, x, scale, b, mean, var):
         params = (scale, b, mean, var)
-        if all(p.value is not None for p in params):
+        if not self.training and all(p.value is not None for p in params):
             self.fixed = self.pack({1, 2, 3, 4}, lambda: self.coefficients(*(p.value for p in params), x.dtype))
         return []
 
     def run(self, x, scale=None, b=None, mean=None, var=None, *, outs, scratch=()):
+        if self.training:
+            return self.run_training(x, scale, b, mean, var, outs)
         fixed = getattr(self, "fixed", None)
         if fixed is not None:
             factor, offset = fixed
@@ -95,6 +103,17 @@ class BatchNormalization(_Normalization):
         np.multiply(x, factor, out=y)
         np.add(y, offset, out=y)
         return y
+
+    def run_training(self, x, scale, b, mean, var, outs):
+        axes = (0,) + tuple(range(2, x.ndim))
+        current_mean = x.mean(axis=axes, dtype=np.float64)
+        current_var = x.var(axis=axes, dtype=np.float64)
+        factor, offset = self.coefficients(scale, b, current_mean, current_var, np.float64)
+        np.copyto(outs[0], x * factor + offset, casting="unsafe")
+        for out, given, current in ((outs[1], mean, current_mean), (outs[2], var, current_var)):
+            if out is not None:
+                np.copyto(out, given.astype(np.float64) * self.momentum + current * (1 - self.momentum),
+                          casting="unsafe")
 
 
 @register("LayerNormalization", since=17)

@@ -72,18 +72,78 @@ class _WindowPool(Kernel):
 
 @register("MaxPool", since=1)
 class MaxPool(_WindowPool):
-    """MaxPool; int8/uint8 since opset 12. The Indices output is not supported."""
+    """MaxPool; int8/uint8 since opset 12. With its optional output Indices (opset 8 on) it runs
+    `max_with_indices` instead of the pooling plan."""
     attributes = {**_WindowPool.attributes, "storage_order": 0}
     kind = "max"
 
     def decode(self):
         super().decode()
-        if len(self.node.outputs) > 1 and self.node.outputs[1]:
-            self.fail("the optional output Indices is not supported")
+        self.with_indices = len(self.node.outputs) > 1 and bool(self.node.outputs[1])
+        if self.storage_order not in (0, 1):
+            self.fail(f"storage_order must be 0 or 1, got {self.storage_order}")
 
     def check_dtype(self, dtype):
         if dtype.kind != "f" and dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
             self.fail(f"input X has type {dtype}; expected a floating type, int8 or uint8")
+
+    def infer(self, x):
+        inferred = super().infer(x)
+        if not self.with_indices:
+            return inferred
+        values = inferred[0]
+        return Inferred([values, TensorInfo(values.shape, np.dtype(np.int64))], window=inferred.derived["window"])
+
+    def prepare(self, x):
+        return [] if self.with_indices else super().prepare(x)
+
+    def run(self, x, *, outs, scratch=()):
+        if not self.with_indices:
+            return super().run(x, outs=outs, scratch=scratch)
+        values, indices = max_with_indices(x, self.window, column_major=bool(self.storage_order))
+        np.copyto(outs[0], values)
+        np.copyto(outs[1], indices)
+
+    def band_granule(self):
+        return 0 if self.with_indices else super().band_granule()
+
+
+def max_with_indices(x, window, column_major=False):
+    """MaxPool's values and Indices: for each window, its largest value and where it lies, as a flat
+    index into X (N, C, D1, ...), the spatial part in row-major order, or column-major with
+    `column_major` (storage_order 1). Of equal values the first in the window's row-major order
+    counts; padding never does; a NaN is the largest."""
+    rank = len(window.in_spatial)
+    extents = [(k - 1) * d + 1 for k, d in zip(window.kernel, window.dilations)]
+    # ceil_mode may let the last window run past the end padding.
+    ends = [max(e, (o - 1) * s + ext - i - b) for e, o, s, ext, i, b in zip(
+        window.pads_end, window.out_spatial, window.strides, extents, window.in_spatial, window.pads_begin)]
+    pads = [(0, 0), (0, 0)] + list(zip(window.pads_begin, ends))
+    low = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    padded = np.pad(x, pads, constant_values=low)
+    inside = np.pad(np.ones(x.shape[2:], bool), pads[2:], constant_values=False)
+    axes = tuple(range(2, 2 + rank))
+    picks = (tuple(slice(None, (o - 1) * s + 1, s) for o, s in zip(window.out_spatial, window.strides))
+             + tuple(slice(None, None, d) for d in window.dilations))
+    taps = math.prod(window.kernel)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, extents, axis=axes)[(Ellipsis,) + picks]
+    windows = windows.reshape(x.shape[:2] + tuple(window.out_spatial) + (taps,))
+    valid = np.lib.stride_tricks.sliding_window_view(inside, extents)[picks]
+    valid = valid.reshape(tuple(window.out_spatial) + (taps,))
+    nan = np.isnan(windows) if x.dtype.kind == "f" else np.zeros(windows.shape, bool)
+    best = np.where(nan.any(axis=-1), np.nan, windows.max(axis=-1)) if x.dtype.kind == "f" else windows.max(axis=-1)
+    is_best = ((windows == best[..., None]) | nan) & valid
+    tap = np.argmax(is_best, axis=-1)
+    # The input coordinates of each window's chosen tap.
+    kernel_at = np.unravel_index(tap, window.kernel)
+    grid = np.meshgrid(*(np.arange(o) for o in window.out_spatial), indexing="ij")
+    coords = [g * s - b + k * d for g, s, b, k, d in zip(
+        grid, window.strides, window.pads_begin, kernel_at, window.dilations)]
+    spatial = np.ravel_multi_index(coords, window.in_spatial, order="F" if column_major else "C")
+    n, c = x.shape[:2]
+    planes = (np.arange(n)[:, None] * c + np.arange(c)[None, :]).reshape((n, c) + (1,) * rank)
+    indices = planes * math.prod(window.in_spatial) + spatial
+    return best.astype(x.dtype, copy=False), indices.astype(np.int64)
 
 
 @register("AveragePool", since=1)

@@ -564,7 +564,13 @@ class DepthToSpace(Kernel):
 
 @register("SpaceToDepth", since=1)
 class SpaceToDepth(Kernel):
-    attributes = {"blocksize": REQUIRED}
+    """DepthToSpace's inverse. Opset 28 adds its `mode`: DCR (the default, and the only order
+    before) puts the offset within the block before the channel, CRD the channel first."""
+    attributes = {"blocksize": REQUIRED, "mode": "DCR"}
+
+    def decode(self):
+        if self.mode not in ("DCR", "CRD"):
+            raise ModelError(f"mode {self.mode!r} is not DCR or CRD")
 
     def infer(self, x):
         b = self.blocksize
@@ -573,11 +579,15 @@ class SpaceToDepth(Kernel):
                              f"blocksize {b}")
         n, c, h, w = x.shape
         split = (n, c, h // b, b, w // b, b)
-        blocks = (n, b, b, c, h // b, w // b)
-        return Inferred([TensorInfo((n, c * b * b, h // b, w // b), x.dtype)], split=split, blocks=blocks)
+        if self.mode == "DCR":
+            blocks, order = (n, b, b, c, h // b, w // b), (0, 3, 5, 1, 2, 4)
+        else:
+            blocks, order = (n, c, b, b, h // b, w // b), (0, 1, 3, 5, 2, 4)
+        return Inferred([TensorInfo((n, c * b * b, h // b, w // b), x.dtype)], split=split, blocks=blocks,
+                        order=order)
 
     def run(self, x, outs, scratch):
-        np.copyto(outs[0].reshape(self.blocks), x.reshape(self.split).transpose(0, 3, 5, 1, 2, 4))
+        np.copyto(outs[0].reshape(self.blocks), x.reshape(self.split).transpose(self.order))
 
 
 REDUCTIONS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}

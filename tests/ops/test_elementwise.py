@@ -116,11 +116,30 @@ def test_mod_integers(fmod, dtype):
     check_node("Mod", [("a", a.reshape(7, 1)), ("b", b[:3])], {"fmod": fmod}, opset=13)
 
 
-def test_mod_float():
-    a = np.array([5.5, -5.5, 5.5, -5.5, 0.0], F32)
-    b = np.array([2, 2, -2, -2, 3], F32)
-    check_node("Mod", [("a", a), ("b", b)], {"fmod": 1}, opset=10)
-    with pytest.raises(ModelError, match="fmod"):
+MOD_EDGES = [(0.0, -2.0), (-0.0, 2.0), (0.0, 2.0), (-0.0, -2.0), (-3.0, np.inf), (3.0, np.inf), (-1.0, -np.inf),
+             (1.0, -np.inf), (np.inf, 2.0), (-np.inf, 2.0), (1.0, 0.0), (1.0, -0.0), (np.nan, 2.0), (1.0, np.nan),
+             (0.0, np.inf), (-0.0, -np.inf), (6.0, 3.0), (-6.0, 3.0), (6.0, -3.0), (1e30, 7.0), (-1e-30, 5.0)]
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float16, F32, np.float64])
+def test_mod_float(dtype, fmod):
+    # fmod=0 on floats (opset 28 on): the divisor's sign, with the special cases opset 28 lists.
+    # assert_close takes -0.0 for 0.0: the signs of zeros are checked after, against numpy's rule.
+    a, b = (np.array(v, dtype) for v in zip(*MOD_EDGES))
+    for oracle in ("onnxruntime", "reference"):
+        (actual,) = check_node("Mod", [("a", a), ("b", b)], {"fmod": fmod}, opset=28, oracle=oracle)
+    with np.errstate(all="ignore"):
+        expected = (np.fmod if fmod else np.mod)(a.astype(np.float64), b.astype(np.float64))
+    number = ~np.isnan(expected)
+    np.testing.assert_array_equal(np.signbit(actual[number]), np.signbit(expected[number]))
+    mixed = data((6, 1), dtype, seed=3), data((5,), dtype, seed=4)
+    check_node("Mod", [("a", mixed[0]), ("b", mixed[1])], {"fmod": fmod}, opset=10 if fmod else 28,
+               rtol=FLOAT16_RTOL if dtype == np.float16 else 1e-4)
+
+
+def test_mod_float_fmod_0_before_opset_28_is_refused():
+    with pytest.raises(ModelError, match="before opset 28"):
         kernel("Mod", {"fmod": 0}, opset=13).infer(info((5,)), info((5,)))
 
 

@@ -448,6 +448,19 @@ def test_space_to_depth(shape, blocksize, opset):
     check_node("SpaceToDepth", [("x", data(shape))], {"blocksize": blocksize}, opset=opset)
 
 
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+@pytest.mark.parametrize("shape, blocksize", [((1, 2, 4, 6), 2), ((2, 3, 6, 3), 3), ((1, 1, 2, 2), 2)])
+def test_space_to_depth_modes(shape, blocksize, mode):
+    # Opset 28's mode: onnxruntime runs it; the reference evaluator too.
+    x = data(shape)
+    for oracle in ("onnxruntime", "reference"):
+        check_node("SpaceToDepth", [("x", x)], {"blocksize": blocksize, "mode": mode}, opset=28, oracle=oracle)
+    # Each mode undoes DepthToSpace's of the same name.
+    nodes = [helper.make_node("SpaceToDepth", ["x"], ["d"], blocksize=blocksize, mode=mode),
+             helper.make_node("DepthToSpace", ["d"], ["y"], blocksize=blocksize, mode=mode)]
+    check_model(make_model(nodes, [("x", x)], [("y", None)], opset=28), {"x": x}, oracle="reference")
+
+
 def test_space_depth_round_trip():
     x = data((2, 3, 4, 6))
     nodes = [helper.make_node("SpaceToDepth", ["x"], ["d"], blocksize=2),
