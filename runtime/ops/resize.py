@@ -17,10 +17,7 @@ How an axis is applied, fastest first:
 
 Coordinates are computed in float32 with onnxruntime's association, and its tie
 rule for nearest rounding, so the same input rows are picked; as onnxruntime does,
-an axis whose scale is exactly 1 is left alone. One departure: align_corners given
-scales maps corners by length_resized = scale * length_original, which may have a
-fraction (the spec's `scale = length_resized / length_original`, as onnx's reference
-and its backend cases read it), where onnxruntime takes the whole output length. Antialiasing (opset 18) follows
+an axis whose scale is exactly 1 is left alone. Antialiasing (opset 18) follows
 onnx's reference implementation, which onnxruntime agrees with.
 """
 
@@ -58,12 +55,8 @@ COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymme
                     "tf_crop_and_resize")
 
 
-def source_coordinates(mode, out_len, in_len, scale, roi, length=None):
-    """x_original for every output index along one axis, in float32 (onnxruntime's arithmetic).
-
-    `length` is align_corners' length_resized: the output length, or with scales the length they
-    ask for, in_len * scale, which may have a fraction (onnx's reference and backend cases use it;
-    onnxruntime takes the output length)."""
+def source_coordinates(mode, out_len, in_len, scale, roi):
+    """x_original for every output index along one axis, in float32 (onnxruntime's arithmetic)."""
     x = np.arange(out_len, dtype=F32)
     scale = F32(scale)
     half = F32(0.5)
@@ -77,10 +70,9 @@ def source_coordinates(mode, out_len, in_len, scale, roi, length=None):
         # onnxruntime finishes this one in double precision
         return (np.float64(offset) + (x.astype(np.float64) + 0.5) / np.float64(scale) - 0.5).astype(F32)
     if mode == "align_corners":
-        length = out_len if length is None else length
-        if length == 1:
+        if out_len == 1:
             return np.zeros(out_len, F32)
-        return x * F32(in_len - 1) / F32(length - 1)
+        return x * F32(in_len - 1) / F32(out_len - 1)
     if mode == "asymmetric":
         return x / scale
     if mode == "tf_half_pixel_for_nn":
@@ -200,15 +192,14 @@ class ResizeCore(Kernel):
             raise ModelError(f"nearest_mode {self.nearest_mode!r} is unknown")
 
     def geometry(self, x, *inputs):
-        """(output shape, float32 scale per axis, roi (start, end) per axis or None, align_corners'
-        length_resized per axis)."""
+        """(output shape, float32 scale per axis, roi (start, end) per axis or None)."""
         raise NotImplementedError
 
     def infer(self, x, *inputs):
-        shape, _, _, _ = self.geometry(x, *inputs)
+        shape, _, _ = self.geometry(x, *inputs)
         return [TensorInfo(tuple(sane_shape(self.node, shape, x.dtype)), x.dtype)]
 
-    def plan(self, in_shape, out_shape, dtype, scales, roi, lengths):
+    def plan(self, in_shape, out_shape, dtype, scales, roi):
         rank = len(in_shape)
         crop = self.coordinate_transformation_mode == "tf_crop_and_resize"
         if dtype.kind == "f" and dtype.itemsize >= 4:
@@ -229,7 +220,7 @@ class ResizeCore(Kernel):
             if not out_len:
                 continue  # an empty output: nothing to plan
             coords = source_coordinates(self.coordinate_transformation_mode, out_len, in_len,
-                                        scale, roi[axis] if roi else None, lengths[axis])
+                                        scale, roi[axis] if roi else None)
             if crop:
                 outside = np.flatnonzero((coords < 0) | (coords > F32(in_len - 1)))
                 if outside.size:
@@ -373,8 +364,8 @@ class ResizeCore(Kernel):
         self.repeat = (tuple(target), tuple(source))
 
     def prepare(self, x, *inputs):
-        shape, scales, roi, lengths = self.geometry(x, *inputs)
-        self.plan(x.shape, sane_shape(self.node, shape, x.dtype), x.dtype, scales, roi, lengths)
+        shape, scales, roi = self.geometry(x, *inputs)
+        self.plan(x.shape, sane_shape(self.node, shape, x.dtype), x.dtype, scales, roi)
         return [((n,), self.compute) for n in self.scratch_sizes]
 
     def run(self, x, *inputs, outs, scratch):
@@ -597,8 +588,7 @@ class Upsample(ResizeCore):
 
     def geometry(self, x, scales_input=None):
         scales = self.scale_values(scales_input)
-        shape = output_from_scales(self.node, x.shape, scales)
-        return shape, scales, None, shape
+        return output_from_scales(self.node, x.shape, scales), scales, None
 
 
 @register("Upsample", since=9)
@@ -636,15 +626,12 @@ class Resize11(ResizeCore):
         if scale_values and size_values:
             raise ModelError("give either scales or sizes, not both")
         shape, per_axis = list(x.shape), [F32(1)] * rank
-        lengths = None  # align_corners' length_resized: with scales, in * scale; else the output's
         if scale_values:
             if len(scale_values) != len(axes):
                 raise ModelError(f"{len(scale_values)} scales for {len(axes)} axes")
             picked = [x.shape[a] for a in axes]
-            lengths = list(x.shape)
             for a, d, s in zip(axes, output_from_scales(self.node, picked, scale_values), scale_values):
                 shape[a], per_axis[a] = d, s
-                lengths[a] = float(s) * x.shape[a]
         elif size_values:
             if len(size_values) != len(axes) or any(s < 0 for s in size_values):
                 raise ModelError(f"sizes {size_values} do not fit axes {axes}")
@@ -669,7 +656,7 @@ class Resize11(ResizeCore):
             box = [(F32(0), F32(1))] * rank
             for i, a in enumerate(axes):
                 box[a] = (values[i], values[len(axes) + i])
-        return shape, per_axis, box, lengths or shape
+        return shape, per_axis, box
 
 
 @register("Resize", since=13)

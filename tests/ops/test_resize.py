@@ -31,12 +31,6 @@ def data(shape, dtype=np.float32, seed=0):
 
 def resize(x, attrs, scales=None, sizes=None, roi=None, opset=13, oracle="auto", op="Resize"):
     """One Resize node; roi, scales and sizes are initializers ("" when absent)."""
-    if (attrs.get("coordinate_transformation_mode") == "align_corners" and scales
-            and any(float(np.float32(s)) * d % 1 for s, d in zip(scales, x.shape))):
-        # align_corners with scales that ask for a fractional length: the spec's length_resized is
-        # scale * length_original, as onnx's reference (and its backend cases) take it; onnxruntime
-        # (like PyTorch) takes the whole output length instead.
-        oracle = "reference"
     if op == "Upsample" or opset <= 10:  # inputs (X, scales)
         node = helper.make_node(op, ["x", "scales"], ["y"], name="resize", **attrs)
         model = make_model([node], [("x", x)], [("y", None)],
@@ -141,16 +135,6 @@ def test_nearest_every_axis():
 @pytest.mark.parametrize("scales", SCALES)
 def test_linear_scales(coordinates, scales):
     resize(X, {"mode": "linear", "coordinate_transformation_mode": coordinates}, scales=scales)
-
-
-@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
-@pytest.mark.parametrize("x_shape, scales", [((1, 1, 2, 4), [1, 1, 0.6, 0.6]), ((1, 1, 4, 4), [1, 1, 0.8, 0.8]),
-                                             ((2, 3, 7, 9), [1, 1, 0.5, 1.3]), ((1, 2, 5, 5), [1, 1, 0.3, 0.45])])
-@pytest.mark.parametrize("opset", [11, 13, 19])
-def test_align_corners_with_fractional_lengths(opset, x_shape, scales, mode):
-    # 4 * 0.6 = 2.4: two outputs, whose corners map by (4 - 1) / (2.4 - 1), not by (4 - 1) / (2 - 1).
-    resize(data(x_shape), {"mode": mode, "coordinate_transformation_mode": "align_corners"}, scales=scales,
-           opset=opset)
 
 
 @pytest.mark.parametrize("coordinates", COORDINATE_MODES)

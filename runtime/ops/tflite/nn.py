@@ -101,8 +101,7 @@ class TflResize(ResizeCore):
         n, h, w, c = x.shape
         scales = [np.float32(1), np.float32(height) / np.float32(h) if h else np.float32(1),
                   np.float32(width) / np.float32(w) if w else np.float32(1), np.float32(1)]
-        shape = [n, height, width, c]
-        return shape, scales, None, shape
+        return [n, height, width, c], scales, None
 
 
 @tfl("RESIZE_BILINEAR")
