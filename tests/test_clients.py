@@ -17,6 +17,11 @@ from oracle import WHOLE_MODEL_RTOL, assert_close
 # Numbers in a result that come from float outputs: pixels of a box, a score rounded to 2 digits.
 BOX_PIXELS = 2
 SCORE = 0.02
+# ddddocr's model is quantized by onnxruntime's dynamic quantizer: each of its 22 layers rounds its
+# input to uint8 (DynamicQuantizeLinear), so a last-bit float difference before a rounding (MLAS's
+# Sigmoid is not correctly rounded) moves a value one step there, and that step propagates. The
+# text it reads is the same; its raw scores agree to about 0.5% of their range.
+OUTPUT_RTOL = {"ddddocr": 1e-2}
 
 
 def _same(ours, theirs, where="result"):
@@ -48,4 +53,4 @@ def test_client_pipeline_gives_onnxruntimes_result(name):
     for i, (mine, expected) in enumerate(zip(ours["outputs"], theirs["outputs"])):
         assert len(mine) == len(expected), f"run {i}: {len(mine)} outputs != {len(expected)}"
         for j, (a, b) in enumerate(zip(mine, expected)):
-            assert_close(a, b, rtol=WHOLE_MODEL_RTOL, what=f"{name} run {i} output {j}")
+            assert_close(a, b, rtol=OUTPUT_RTOL.get(name, WHOLE_MODEL_RTOL), what=f"{name} run {i} output {j}")
