@@ -29,7 +29,7 @@ from .ortvalue import IOBinding, OrtValue
 from .plan_cache import PlanCache
 from .providers import CPU, requested
 from .report import PhaseRecorder
-from .threads import running
+from .threads import RunThreads
 
 MEMORY_EVERY = 64  # runs between two readings of the process's RSS and HWM after the first ones
 
@@ -177,6 +177,7 @@ class InferenceSession:
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None,
                  **kwargs):
         self._options = sess_options or SessionOptions()
+        self._threads = RunThreads(self._options.intra_op_num_threads)
         requested(providers, provider_options)  # warns of any nnrun does not have, as onnxruntime
         ops.load_all()
         self._recorder = PhaseRecorder(poll=self._options.enable_mem_poll,
@@ -304,12 +305,16 @@ class InferenceSession:
         runs = self._recorder.runs
         measure = runs < 4 or executor.plan is not self._last or runs % MEMORY_EVERY == 0
         started = time.perf_counter_ns()
-        if measure and self._recorder.poll:
-            with running(self._options.intra_op_num_threads), self._recorder.phase("EXECUTE"):
+        threads = self._threads.begin()
+        try:
+            if measure and self._recorder.poll:
+                with self._recorder.phase("EXECUTE"):
+                    results = executor.run(feeds, profile, trace, stop, into)
+            else:
                 results = executor.run(feeds, profile, trace, stop, into)
-        else:
-            with running(self._options.intra_op_num_threads):
-                results = executor.run(feeds, profile, trace, stop, into)
+        finally:
+            self._threads.end(threads)
+        if not (measure and self._recorder.poll):
             self._recorder.record_run((time.perf_counter_ns() - started) / 1e6, measure)
         if executor.last_io is not None:
             self._run_io.append(executor.last_io)

@@ -5,13 +5,12 @@ pool (ops/parallel.py).
 is the physical cores for the pool and the library's own default for BLAS. Finding the
 thread-pool libraries loaded in the process is the expensive part of threadpoolctl (a walk over
 every shared library: about 0.1 ms here, 1 ms in a process with more libraries loaded), so it is
-done once per process. Each run then reads each library's count (a microsecond) and only where it
-differs sets it and puts it back after the run: a process whose BLAS already uses the session's
-count (the default, the physical cores, or a caller who set it) pays nothing more.
+done once per process, and a session sizes its pool once (`RunThreads`). Each run then reads each
+library's count (a fraction of a microsecond) and only where it differs sets it and puts it back
+after the run.
 """
 
 import threading
-from contextlib import nullcontext
 
 from .ops import parallel
 
@@ -30,61 +29,41 @@ def controller():
         return _controller
 
 
-class _Bounded:
-    """Sets each thread-pool library that does not use `threads` threads to it; puts it back after."""
-
-    __slots__ = ("libraries", "threads", "changed")
-
-    def __init__(self, libraries, threads):
-        self.libraries, self.threads, self.changed = libraries, threads, ()
-
-    def __enter__(self):
-        changed = []
-        for library in self.libraries:
-            count = library.get_num_threads()
-            if count != self.threads:
-                library.set_num_threads(self.threads)
-                changed.append((library, count))
-        self.changed = changed
-        return self
-
-    def __exit__(self, *exc):
-        for library, count in self.changed:
-            library.set_num_threads(count)
-        return False
-
-
-def limited(threads):
-    """A context in which the BLAS library uses `threads` threads (0: its default)."""
-    if not threads:
-        return nullcontext()
-    return _Bounded(controller().lib_controllers, threads)
-
-
 def kernel_threads(intra_op_num_threads):
     """The size of the kernels' pool for a session's `intra_op_num_threads` (0: the physical cores)."""
     return intra_op_num_threads if intra_op_num_threads > 0 else parallel.default_threads()
 
 
-class _Running:
-    """BLAS bounded (where `blas` is set) and the kernels' pool set, for one run."""
+class RunThreads:
+    """The threads of a session's runs, fixed when the session is made (onnxruntime reads
+    `intra_op_num_threads` then too): the kernels' pool, and the BLAS count a run sets where the
+    library's differs and puts back after (0: left as it is).
 
-    __slots__ = ("blas", "pool", "token")
+    `begin()` before a run returns what `end(state)` needs after it; nothing is kept on the object,
+    so runs on several threads at once each have their own state. A run costs one contextvar set
+    and, with a BLAS bound, a read of each library's count: about a microsecond.
+    """
 
-    def __init__(self, blas, pool):
-        self.blas, self.pool, self.token = blas, pool, None
+    __slots__ = ("threads", "blas", "libraries")
 
-    def __enter__(self):
-        self.blas.__enter__()
-        self.token = parallel.enter(self.pool)
-        return self
+    def __init__(self, intra_op_num_threads):
+        self.threads = kernel_threads(intra_op_num_threads)
+        self.blas = intra_op_num_threads if intra_op_num_threads > 0 else 0
+        self.libraries = tuple(controller().lib_controllers) if self.blas else ()
 
-    def __exit__(self, *exc):
-        parallel.leave(self.token)
-        return self.blas.__exit__(*exc)
+    def begin(self):
+        changed = None
+        for library in self.libraries:
+            count = library.get_num_threads()
+            if count != self.blas:
+                library.set_num_threads(self.blas)
+                changed = (changed or ()) + ((library, count),)
+        # The pool is looked up per run (a dict lookup): after a fork the parent's workers are gone
+        # and the child's pool is made anew.
+        return parallel.enter(parallel.pool(self.threads)), changed
 
-
-def running(intra_op_num_threads):
-    """The context of one run: BLAS bounded to `intra_op_num_threads` (0: left as it is) and the
-    kernels' pool of `kernel_threads(intra_op_num_threads)`."""
-    return _Running(limited(intra_op_num_threads), parallel.pool(kernel_threads(intra_op_num_threads)))
+    def end(self, state):
+        token, changed = state
+        parallel.leave(token)
+        for library, count in changed or ():
+            library.set_num_threads(count)

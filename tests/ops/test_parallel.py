@@ -77,11 +77,12 @@ def test_workers_run_chunks_in_the_callers_context():
 def test_a_sessions_threads():
     assert threads.kernel_threads(0) == parallel.default_threads() >= 1
     assert threads.kernel_threads(3) == 3
-    with threads.running(1):
+    for intra, expected in ((1, 1), (3, 3), (0, parallel.default_threads())):
+        run_threads = threads.RunThreads(intra)
+        state = run_threads.begin()
+        assert parallel.current().threads == expected
+        run_threads.end(state)
         assert parallel.current() is parallel.SERIAL
-    with threads.running(3):
-        assert parallel.current().threads == 3
-    assert parallel.current() is parallel.SERIAL
 
 
 @pytest.fixture
