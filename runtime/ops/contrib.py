@@ -11,7 +11,6 @@ they are registered there too, and in com.microsoft. Attention and MultiHeadAtte
 contrib_attention.py, the quantized ops in contrib_quantized.py.
 """
 
-import math
 
 import numpy as np
 
@@ -20,7 +19,8 @@ from . import activation
 from .conv import Conv
 from .elementwise import Gelu, Unary, broadcast_shape
 from .gemm import Gemm
-from .normalization import STASH_TYPES, LayerNormalization, _flat, _standardize
+from .normalization import LayerNormalization, _standardize
+from .normalization_extra import RMSNormalization, rms_rows
 from .registry import Inferred, Kernel, TensorInfo, register
 
 MS = "com.microsoft"
@@ -215,53 +215,21 @@ register("LayerNormalization", 1)(LayerNormalization)
 register("LayerNormalization", 1, MS)(LayerNormalization)
 
 
-def rms_rows(rows, epsilon, dtype, out):
-    """Each row of `rows` divided by its root mean square, in `dtype` (into `out` when it has that
-    dtype); returns (normalized, inverse rms as (rows, 1))."""
-    work = out if out is not None and out.dtype == dtype else np.empty(rows.shape, dtype)
-    np.copyto(work, rows, casting="unsafe")
-    inv = np.einsum("ij,ij->i", work, work)[:, None]
-    inv /= max(rows.shape[1], 1)
-    inv += epsilon
-    np.sqrt(inv, out=inv)
-    np.reciprocal(inv, out=inv)
-    np.multiply(work, inv, out=work)
-    return work, inv
-
-
 @register("SimplifiedLayerNormalization", since=1)
-class SimplifiedLayerNormalization(Kernel):
-    """RMS normalization over the axes from `axis` on: Y = X / sqrt(mean(X^2) + epsilon) * scale;
-    InvStdDev is an optional output."""
-
-    attributes = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
-
-    def decode(self):
-        if self.stash_type not in STASH_TYPES:
-            self.fail(f"stash_type {self.stash_type} is not float, float16 or double")
-        self.stash = np.dtype(STASH_TYPES[self.stash_type])
+class SimplifiedLayerNormalization(RMSNormalization):
+    """onnxruntime's name for RMSNormalization (written for opsets before 23), with the inverse
+    RMS as an optional second output (InvStdDev)."""
 
     def infer(self, x, scale):
-        rank = len(x.shape)
-        if x.dtype.kind != "f" or not -rank <= self.axis < rank:
-            self.fail(f"X must be floating with axis {self.axis} in range, not {x.dtype} of rank {rank}")
-        axis = self.axis % rank
-        normalized = tuple(x.shape[axis:])
-        if np.broadcast_shapes(tuple(scale.shape), normalized) != normalized:
-            self.fail(f"scale of shape {list(scale.shape)} does not broadcast to {list(normalized)}")
-        stats = TensorInfo(tuple(x.shape[:axis]) + (1,) * (rank - axis), self.stash)
-        return Inferred([TensorInfo(tuple(x.shape), x.dtype), stats][:max(1, len(self.node.outputs))], split=axis)
+        inferred = super().infer(x, scale)
+        axis = inferred.derived["split"]
+        stats = TensorInfo(tuple(x.shape[:axis]) + (1,) * (len(x.shape) - axis), self.stash)
+        return Inferred([inferred[0], stats][:max(1, len(self.node.outputs))], split=axis)
 
-    def run(self, x, scale, *, outs, scratch):
-        normalized = x.shape[self.split:]
-        rows = x.reshape(-1, math.prod(normalized))
-        y = outs[0].reshape(rows.shape)
-        work, inv = rms_rows(rows, self.epsilon, np.result_type(x.dtype, self.stash), y)
-        np.multiply(work, _flat(scale, normalized), out=work)
-        if work is not y:
-            np.copyto(y, work, casting="unsafe")
+    def run(self, x, scale, *, outs, scratch=()):
+        inv_rms = self.normalize(x, scale, outs[0])
         if len(outs) > 1 and outs[1] is not None:
-            np.copyto(outs[1].reshape(inv.shape), inv, casting="unsafe")
+            np.copyto(outs[1].reshape(inv_rms.shape), inv_rms, casting="unsafe")
 
 
 register("SimplifiedLayerNormalization", 1, MS)(SimplifiedLayerNormalization)

@@ -42,23 +42,33 @@ class RMSNormalization(_Normalization):
         return Inferred([TensorInfo(tuple(x.shape), x.dtype)], split=axis)
 
     def run(self, x, scale, *, outs, scratch=()):
+        self.normalize(x, scale, outs[0])
+
+    def normalize(self, x, scale, out):
+        """Y into `out`; returns the inverse RMS of each row, (rows, 1)."""
         normalized = x.shape[self.split:]
-        size = math.prod(normalized)
-        rows = x.reshape(-1, size)
-        y = outs[0].reshape(rows.shape)
-        dtype = np.result_type(x.dtype, self.stash)
-        work = y if y.dtype == dtype else np.empty(rows.shape, dtype)
-        np.copyto(work, rows, casting="unsafe")
-        # Sum of squares without a squared temporary of the input's size.
-        inv_rms = np.einsum("ij,ij->i", work, work)[:, None]
-        inv_rms /= max(size, 1)
-        inv_rms += self.epsilon
-        np.sqrt(inv_rms, out=inv_rms)
-        np.reciprocal(inv_rms, out=inv_rms)
-        np.multiply(work, inv_rms, out=work)
+        rows = x.reshape(-1, math.prod(normalized))
+        y = out.reshape(rows.shape)
+        work, inv_rms = rms_rows(rows, self.epsilon, np.result_type(x.dtype, self.stash), y)
         np.multiply(work, _flat(scale, normalized), out=work)
         if work is not y:
             np.copyto(y, work, casting="unsafe")
+        return inv_rms
+
+
+def rms_rows(rows, epsilon, dtype, out):
+    """Each row of `rows` divided by its root mean square, in `dtype` (into `out` when it has that
+    dtype); returns (normalized, inverse rms as (rows, 1))."""
+    work = out if out is not None and out.dtype == dtype else np.empty(rows.shape, dtype)
+    np.copyto(work, rows, casting="unsafe")
+    # Sum of squares without a squared temporary of the input's size.
+    inv = np.einsum("ij,ij->i", work, work)[:, None]
+    inv /= max(rows.shape[1], 1)
+    inv += epsilon
+    np.sqrt(inv, out=inv)
+    np.reciprocal(inv, out=inv)
+    np.multiply(work, inv, out=work)
+    return work, inv
 
 
 @register("GroupNormalization", since=18)
