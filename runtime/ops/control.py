@@ -27,7 +27,7 @@ from .registry import REQUIRED, Kernel, SequenceInfo, TensorInfo, info_of, regis
 CONSTANT_CAPTURE_LIMIT = 64
 
 
-class _Body:
+class Body:
     """One subgraph, the opset it inherits, and the planner that plans it."""
 
     def __init__(self, graph, opset, planner):
@@ -70,7 +70,10 @@ def _small_int(value):
     return value.dtype.kind in "iub" and value.size <= CONSTANT_CAPTURE_LIMIT
 
 
-class _ControlFlow(Kernel):
+class ControlFlow(Kernel):
+    """Base of the ops that run subgraphs (If, Loop, Scan; SequenceMap and FlexAttention too):
+    each body attribute becomes a `Body` planned by the session's planner."""
+
     foldable = False
     uses_planner = True
     body_attributes = ()
@@ -87,7 +90,7 @@ class _ControlFlow(Kernel):
 
     def decode(self):
         self.captured = list(self.node.attrs.get("_captured", []))
-        self.bodies = {attr: _Body(getattr(self, attr), self.opset, self.planner)
+        self.bodies = {attr: Body(getattr(self, attr), self.opset, self.planner)
                        for attr in self.body_attributes}
 
     def split(self, args):
@@ -130,7 +133,7 @@ def _output_info(shape_dtype):
 
 
 @register("If", since=1)
-class If(_ControlFlow):
+class If(ControlFlow):
     attributes = {"then_branch": REQUIRED, "else_branch": REQUIRED}
     body_attributes = ("then_branch", "else_branch")
 
@@ -162,7 +165,7 @@ class If(_ControlFlow):
 
 
 @register("Loop", since=1)
-class Loop(_ControlFlow):
+class Loop(ControlFlow):
     """Loop(M, cond, v_initial...) -> (v_final..., scan_outputs...)."""
 
     attributes = {"body": REQUIRED}
@@ -246,7 +249,7 @@ class Loop(_ControlFlow):
 
 
 @register("Scan", since=9)
-class Scan(_ControlFlow):
+class Scan(ControlFlow):
     """Scan(initial_state..., scan_input...) -> (final_state..., scan_output...)."""
 
     attributes = {"body": REQUIRED, "num_scan_inputs": REQUIRED, "scan_input_axes": None,
@@ -312,7 +315,7 @@ class Scan(_ControlFlow):
 
 
 @register("Scan", since=8)
-class Scan8(_ControlFlow):
+class Scan8(ControlFlow):
     """Scan of opset 8: (sequence_lens, initial_state..., scan_input...) -> (final_state...,
     scan_output...), every value with a batch axis first and the scan inputs and outputs their
     sequence axis second. Each batch row is scanned on its own, over its sequence length; scan

@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from .attention import exp_rows
-from .control import _Body, _ControlFlow
+from .control import Body, ControlFlow
 from .registry import Inferred, TensorInfo, register
 from .shape import onnx_dtype
 
@@ -31,12 +31,12 @@ MODIFIERS = ("score_mod", "prob_mod")
 
 
 @register("FlexAttention", since=1, domain="ai.onnx.preview")
-class FlexAttention(_ControlFlow):
+class FlexAttention(ControlFlow):
     attributes = {"scale": None, "score_mod": None, "prob_mod": None, "softmax_precision": None}
 
     def decode(self):
         self.captured = list(self.node.attrs.get("_captured", []))
-        self.bodies = {name: _Body(getattr(self, name), self.opset, self.planner)
+        self.bodies = {name: Body(getattr(self, name), self.opset, self.planner)
                        for name in MODIFIERS if getattr(self, name) is not None}
         for name, body in self.bodies.items():
             if len(body.input_names) != 1 or len(body.output_names) != 1:

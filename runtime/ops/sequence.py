@@ -12,7 +12,7 @@ one taken out of a sequence (SequenceAt) is the element itself, which nothing wr
 import numpy as np
 from onnx import helper as onnx_helper
 
-from .control import _ControlFlow
+from .control import ControlFlow
 from .registry import REQUIRED, Kernel, SequenceInfo, TensorInfo, register
 
 INT64 = np.dtype(np.int64)
@@ -171,7 +171,7 @@ class ConcatFromSequence(Kernel):
 
 
 @register("SequenceMap", since=17)
-class SequenceMap(_ControlFlow):
+class SequenceMap(ControlFlow):
     """The body run on each position of the input sequences, each output a sequence of its results.
 
     The body's inputs are, in order, the element of each input sequence at that position or,
