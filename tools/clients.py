@@ -158,6 +158,21 @@ def _recording(session_class, sink):
     return lambda: setattr(session_class, "run", original)
 
 
+def _timing(session_class, spent):
+    """Wrap `session_class.run` so the time inside it is added to spent[0] (ms)."""
+    original = session_class.run
+
+    def run(self, output_names, input_feed, run_options=None):
+        started = time.perf_counter()
+        try:
+            return original(self, output_names, input_feed, run_options)
+        finally:
+            spent[0] += (time.perf_counter() - started) * 1e3
+
+    session_class.run = run
+    return lambda: setattr(session_class, "run", original)
+
+
 def _child(name, runtime, out_dir, repeat):
     """In the subprocess: run pipeline `name` on `runtime`, write its record to `out_dir`."""
     if runtime == "nnrun":
@@ -173,16 +188,19 @@ def _child(name, runtime, out_dir, repeat):
     restore = _recording(onnxruntime.InferenceSession, outputs)
     result = call()
     restore()
-    times = []
+    times, in_runs = [], []
+    restore = _timing(onnxruntime.InferenceSession, spent := [0.0])
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, spent[0] = time.perf_counter(), 0.0
         call()
         times.append((time.perf_counter() - started) * 1e3)
+        in_runs.append(spent[0])
+    restore()
     arrays = {f"{i}_{j}": a for i, run in enumerate(outputs) for j, a in enumerate(run)}
     np.savez(os.path.join(out_dir, "outputs.npz"), **arrays)
     with open(os.path.join(out_dir, "record.json"), "w") as f:
         json.dump({"result": result, "runs": [len(run) for run in outputs], "setup_ms": setup_ms,
-                   "call_ms": times}, f, default=str)
+                   "call_ms": times, "run_ms": in_runs}, f, default=str)
 
 
 def run_client(name, runtime, repeat=0, timeout=600):
@@ -213,17 +231,20 @@ def main(argv=None):
         _child(name, runtime, out_dir, int(repeat))
         return 0
     names = args.names or [n for n in CLIENTS if installed(n)]
-    print("| client | same result | onnxruntime ms/call | nnrun ms/call | ratio | setup ms (ort / nnrun) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| client | same result | onnxruntime ms/call | nnrun ms/call | ratio | of which in session.run "
+          "(ort / nnrun) | model ratio | setup ms (ort / nnrun) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
         try:
             theirs, ours = (run_client(name, runtime, args.repeat) for runtime in RUNTIMES)
         except RuntimeError as e:
-            print(f"| {name} | fails: {str(e).splitlines()[-1][:80]} | | | | |")
+            print(f"| {name} | fails: {str(e).splitlines()[-1][:80]} | | | | | | |")
             continue
         t, o = statistics.median(theirs["call_ms"]), statistics.median(ours["call_ms"])
+        tr, orun = statistics.median(theirs["run_ms"]), statistics.median(ours["run_ms"])
         print(f"| {name} | {'yes' if theirs['result'] == ours['result'] else 'NO'} | {t:.1f} | {o:.1f} | "
-              f"{o / t:.2f}x | {theirs['setup_ms']:.0f} / {ours['setup_ms']:.0f} |")
+              f"{o / t:.2f}x | {tr:.1f} / {orun:.1f} | {orun / tr:.2f}x | "
+              f"{theirs['setup_ms']:.0f} / {ours['setup_ms']:.0f} |")
     return 0
 
 
