@@ -28,19 +28,22 @@ def add_bias(value=0.5, elem=TensorProto.FLOAT, dtype=np.float32):
     return modifier("add_bias", [helper.make_node("Add", ["x", "bias"], ["y"])], [("bias", dtype(value))], elem)
 
 
-def causal():
-    """Where(query position >= key position, scores, -inf), positions from the scores' shape."""
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+# Nodes giving the query positions `q2` (L, 1) and key positions `ki` (S,) from the scores' shape.
+POSITIONS = [helper.make_node("Shape", ["x"], ["shape"]),
              helper.make_node("Gather", ["shape", "two"], ["l"], axis=0),
              helper.make_node("Gather", ["shape", "three"], ["s"], axis=0),
              helper.make_node("Range", ["zero", "l", "one"], ["qi"]),
              helper.make_node("Range", ["zero", "s", "one"], ["ki"]),
-             helper.make_node("Unsqueeze", ["qi", "axis1"], ["q2"]),
-             helper.make_node("GreaterOrEqual", ["q2", "ki"], ["keep"]),
-             helper.make_node("Where", ["keep", "x", "ninf"], ["y"])]
-    consts = [("two", np.int64(2)), ("three", np.int64(3)), ("zero", np.int64(0)), ("one", np.int64(1)),
-              ("axis1", np.array([1], np.int64)), ("ninf", np.float32(-np.inf))]
-    return modifier("causal", nodes, consts)
+             helper.make_node("Unsqueeze", ["qi", "axis1"], ["q2"])]
+POSITION_CONSTANTS = [("two", np.int64(2)), ("three", np.int64(3)), ("zero", np.int64(0)), ("one", np.int64(1)),
+                      ("axis1", np.array([1], np.int64))]
+
+
+def causal():
+    """Where(query position >= key position, scores, -inf)."""
+    nodes = POSITIONS + [helper.make_node("GreaterOrEqual", ["q2", "ki"], ["keep"]),
+                         helper.make_node("Where", ["keep", "x", "ninf"], ["y"])]
+    return modifier("causal", nodes, POSITION_CONSTANTS + [("ninf", np.float32(-np.inf))])
 
 
 def soft_cap(cap=2.0):
@@ -52,19 +55,11 @@ def soft_cap(cap=2.0):
 def head_slopes(heads):
     """ALiBi: scores + slope[h] * (key position - query position)."""
     slopes = (2.0 ** -np.arange(1, heads + 1)).astype(np.float32).reshape(heads, 1, 1)
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
-             helper.make_node("Gather", ["shape", "two"], ["l"], axis=0),
-             helper.make_node("Gather", ["shape", "three"], ["s"], axis=0),
-             helper.make_node("Range", ["zero", "l", "one"], ["qi"]),
-             helper.make_node("Range", ["zero", "s", "one"], ["ki"]),
-             helper.make_node("Unsqueeze", ["qi", "axis1"], ["q2"]),
-             helper.make_node("Sub", ["ki", "q2"], ["rel"]),
-             helper.make_node("Cast", ["rel"], ["relf"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["relf", "slopes"], ["b"]),
-             helper.make_node("Add", ["x", "b"], ["y"])]
-    consts = [("two", np.int64(2)), ("three", np.int64(3)), ("zero", np.int64(0)), ("one", np.int64(1)),
-              ("axis1", np.array([1], np.int64)), ("slopes", slopes)]
-    return modifier("alibi", nodes, consts)
+    nodes = POSITIONS + [helper.make_node("Sub", ["ki", "q2"], ["rel"]),
+                         helper.make_node("Cast", ["rel"], ["relf"], to=TensorProto.FLOAT),
+                         helper.make_node("Mul", ["relf", "slopes"], ["b"]),
+                         helper.make_node("Add", ["x", "b"], ["y"])]
+    return modifier("alibi", nodes, POSITION_CONSTANTS + [("slopes", slopes)])
 
 
 def scale_probs(value=0.5):
