@@ -304,17 +304,18 @@ class InferenceSession:
         # ~75 us a run, a quarter of a small model's.
         runs = self._recorder.runs
         measure = runs < 4 or executor.plan is not self._last or runs % MEMORY_EVERY == 0
+        polled = measure and self._recorder.poll
         started = time.perf_counter_ns()
         threads = self._threads.begin()
         try:
-            if measure and self._recorder.poll:
+            if polled:
                 with self._recorder.phase("EXECUTE"):
                     results = executor.run(feeds, profile, trace, stop, into)
             else:
                 results = executor.run(feeds, profile, trace, stop, into)
         finally:
             self._threads.end(threads)
-        if not (measure and self._recorder.poll):
+        if not polled:
             self._recorder.record_run((time.perf_counter_ns() - started) / 1e6, measure)
         if executor.last_io is not None:
             self._run_io.append(executor.last_io)
