@@ -133,6 +133,9 @@ def load_onnx(source, path=None, base_dir=None):
         # Every check the builder makes raises ModelError itself; this only keeps
         # a form of malformation nobody foresaw from escaping as something else.
         raise ModelError(f"{where}: malformed model ({type(e).__name__}: {e})") from e
+    from .onnx_checks import check_model  # it names this module's AttributeRef
+
+    check_model(graph, model.ir_version, where)
     return graph
 
 

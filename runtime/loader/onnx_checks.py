@@ -1,0 +1,173 @@
+"""What onnxruntime refuses when it loads an ONNX model, refused by nnrun at MODEL_LOAD too.
+
+The loader checks that the file's bytes are sound (offsets, lengths, dims); these are the rules
+of the ONNX format a sound file can still break, each of which would otherwise reach a kernel
+as a wrong input count or a wrong attribute type, or a run as a value written twice:
+
+- the model's IR version and every opset it imports are ones the ONNX release nnrun is built
+  on knows (a newer one may mean what nnrun does not implement);
+- every value of a graph is defined once: a node may not write a graph input, an initializer
+  or another node's output;
+- a node of the ONNX domains (ai.onnx, ai.onnx.ml) has the number of inputs and outputs its
+  schema allows, and each attribute its schema declares has the schema's type; an attribute
+  the schema does not declare is refused, as onnxruntime does.
+
+Operators of other domains (com.microsoft, model-local functions) have no ONNX schema to hold
+them to; their kernels check what they take.
+"""
+
+import functools
+
+import numpy as np
+import onnx
+from onnx import defs
+
+from .. import ir
+from ..errors import ModelError, location, node_label
+from ..weights import ExternalData
+from .onnx import AttributeRef
+
+# The domains whose operators ONNX's schemas define.
+SCHEMA_DOMAINS = ("", "ai.onnx.ml")
+
+_A = defs.OpSchema.AttrType
+
+
+def check_model(graph, ir_version, where):
+    """Raise ModelError for the first rule `graph` (with its bodies) breaks; `where` names the file."""
+    if ir_version > onnx.IR_VERSION:
+        raise ModelError(f"{where}: IR version {ir_version} is newer than nnrun supports "
+                         f"(at most {onnx.IR_VERSION})")
+    for domain, version in graph.opsets.items():
+        newest = _newest_opset(domain)
+        if newest is not None and version > newest:
+            named = f"domain {domain!r}" if domain else "the default domain (ai.onnx)"
+            raise ModelError(f"{where}: opset {version} of {named} is newer than nnrun supports "
+                             f"(at most {newest})")
+        if version < 1 and domain in SCHEMA_DOMAINS:
+            raise ModelError(f"{where}: opset {version} of domain {domain!r} is not a valid opset version")
+    pending = [graph]  # the main graph and every body, without recursion: bodies may nest deep
+    while pending:
+        g = pending.pop()
+        _check_single_definitions(g)
+        for node in g.nodes:
+            _check_schema(node, g.opsets.get(node.domain))
+            for value in node.attrs.values():
+                for body in value if isinstance(value, list) else (value,):
+                    if isinstance(body, ir.Graph):
+                        pending.append(body)
+
+
+@functools.lru_cache(maxsize=None)
+def _newest_opset(domain):
+    """The newest opset of an ONNX domain that the installed onnx release knows; None for others."""
+    if domain == "":
+        return defs.onnx_opset_version()
+    if domain not in SCHEMA_DOMAINS:
+        return None
+    return max(s.since_version for s in defs.get_all_schemas_with_history() if s.domain == domain)
+
+
+def _check_single_definitions(graph):
+    """Each name of `graph` is given a value once: by a graph input, an initializer or one node."""
+    defined = {v.name: "a graph input" for v in graph.inputs}
+    for name in graph.initializers:
+        defined.setdefault(name, "an initializer")
+    for node in graph.nodes:
+        for name in node.outputs:
+            if not name:
+                continue
+            earlier = defined.get(name)
+            if earlier is not None:
+                raise ModelError(f"{_at(node)} in graph {graph.name!r} writes {name!r}, which is "
+                                 f"already {earlier}: every value must be defined once")
+            defined[name] = node_label(node) + "'s output"
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema(domain, op_type, version):
+    if domain not in SCHEMA_DOMAINS or version is None:
+        return None
+    try:
+        return defs.get_schema(op_type, version, domain)
+    except defs.SchemaError:
+        return None  # not an ONNX operator at this opset: check_supported names it
+
+
+def _check_schema(node, version):
+    schema = _schema(node.domain, node.op_type, version)
+    if schema is None:
+        return
+    _check_count(node, "inputs", len(node.inputs), schema.min_input, schema.max_input)
+    _check_count(node, "outputs", len(node.outputs), schema.min_output, schema.max_output)
+    declared = schema.attributes
+    for key, value in node.attrs.items():
+        attribute = declared.get(key)
+        if attribute is None:
+            raise ModelError(f"{_at(node)}: {node.op_type} (opset {version}) has no attribute {key!r}")
+        if not _has_type(value, attribute.type):
+            raise ModelError(f"{_at(node)}: attribute {key!r} must be {_type_words(attribute.type)}, "
+                             f"got {_value_words(value)}")
+
+
+def _at(node):
+    return location("MODEL_LOAD", node=node)
+
+
+def _check_count(node, what, count, least, most):
+    if least <= count <= most:
+        return
+    allowed = f"{least}" if least == most else (f"at least {least}" if most >= 1 << 30 else f"{least} to {most}")
+    if allowed == "1":
+        what = what[:-1]
+    raise ModelError(f"{_at(node)}: {node.op_type} takes {allowed} {what}, the node has {count}")
+
+
+def _is_tensor(value):
+    return isinstance(value, (np.ndarray, ExternalData))
+
+
+# What a decoded attribute value (loader/onnx.py's _attribute) is, for each type a schema declares.
+_IS = {
+    _A.INT: lambda v: isinstance(v, int),
+    _A.FLOAT: lambda v: isinstance(v, float),
+    _A.STRING: lambda v: isinstance(v, str),
+    _A.TENSOR: _is_tensor,
+    _A.GRAPH: lambda v: isinstance(v, ir.Graph),
+    _A.INTS: lambda v: isinstance(v, list) and all(isinstance(x, int) for x in v),
+    _A.FLOATS: lambda v: isinstance(v, list) and all(isinstance(x, float) for x in v),
+    _A.STRINGS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    _A.TENSORS: lambda v: isinstance(v, list) and all(_is_tensor(x) for x in v),
+    _A.GRAPHS: lambda v: isinstance(v, list) and all(isinstance(x, ir.Graph) for x in v),
+}
+
+
+def _has_type(value, kind):
+    if isinstance(value, AttributeRef):
+        return True  # a function's attribute, given where the function is called
+    test = _IS.get(kind)
+    return test is None or test(value)  # sparse tensors and type protos: the kernel checks
+
+
+def _type_words(kind):
+    return {_A.INT: "an int", _A.FLOAT: "a float", _A.STRING: "a string", _A.TENSOR: "a tensor",
+            _A.GRAPH: "a graph", _A.INTS: "a list of ints", _A.FLOATS: "a list of floats",
+            _A.STRINGS: "a list of strings", _A.TENSORS: "a list of tensors",
+            _A.GRAPHS: "a list of graphs"}.get(kind, str(kind))
+
+
+def _value_words(value):
+    if isinstance(value, list):
+        kinds = sorted({_value_words(x).split(" ", 1)[1] + "s" for x in value})
+        return "an empty list" if not kinds else f"a list of {' and '.join(kinds)}"
+    if isinstance(value, int):
+        return "an int"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if _is_tensor(value):
+        return "a tensor"
+    if isinstance(value, ir.Graph):
+        return "a graph"
+    return type(value).__name__
