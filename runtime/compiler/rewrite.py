@@ -77,10 +77,17 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, ke
         if len(conv.inputs) < 2 or not all(p in weights for p in params if p) or len(bn.inputs) < 5:
             continue
         w = weights[conv.inputs[1]]
-        if np.dtype(w.dtype).kind != "f" or any(tuple(weights[p].shape) != (w.shape[0],) for p in bn.inputs[1:5]):
+        b = weights[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else None
+        stats = [weights[p] for p in bn.inputs[1:5]]
+        # Anything but float weights and one float per output channel is left to the kernels'
+        # shape rules, which refuse it by name.
+        if np.dtype(w.dtype).kind != "f" or len(w.shape) < 2 \
+                or any(tuple(v.shape) != (w.shape[0],) or np.dtype(v.dtype).kind != "f" for v in stats) \
+                or not isinstance(bn.attrs.get("epsilon", 1e-5), float):
+            continue
+        if b is not None and (tuple(b.shape) != (w.shape[0],) or np.dtype(b.dtype).kind != "f"):
             continue
         eps = bn.attrs.get("epsilon", 1e-5)
-        b = weights[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else None
         name = (f"fold_batchnorm/eps={eps!r}/"
                 + "/".join(weight_identity(v) for v in (w, b, *(weights[p] for p in bn.inputs[1:5]))))
         new_w, new_b = keep(name, lambda: _folded(w, b, [weights[p] for p in bn.inputs[1:5]], eps))
@@ -170,7 +177,10 @@ def _activation_params(node, weights):
                 continue
             if name not in weights:
                 return None
-            params[key] = float(weight_array(weights[name]))
+            bound = weight_array(weights[name])
+            if bound.size != 1 or bound.ndim > 1 or bound.dtype.kind not in "iuf":
+                return None  # not a scalar: Clip's own shape rule refuses it by name
+            params[key] = float(bound.reshape(()))
         if params["min"] is None and "min" in node.attrs:
             params["min"] = node.attrs["min"]
         return ("Clip", params)
