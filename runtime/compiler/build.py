@@ -15,6 +15,7 @@ from one frozen stage (stages.py) to the next:
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from ..errors import ModelError, UnsupportedOperatorError, located
 from ..ir import Graph
 from ..memory_limit import anonymous_bytes
 from ..ops.conv_core import scratch_limit
-from ..ops.registry import NeedsValueError, TensorInfo, inputs_digest, instantiate, node_digest
+from ..ops.registry import NeedsValueError, NoElements, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
 from .arena import assign_offsets
 from .lifetimes import lifetimes, live_bytes, lower_bound
@@ -366,7 +367,9 @@ def prepare_kernels(shaped, context):
     steps = []
     for step in shaped.steps:
         scratch = ()
-        if step.outputs is not None:
+        if step.outputs and all(o.shape is not None and o.alias_of is None and o.size == 0 for o in step.outputs):
+            step = replace(step, kernel=NoElements(step.node, step.kernel.opset), derived={})
+        elif step.outputs is not None:
             try:
                 spec = step.kernel.ready(step.derived, *step.inputs, packer=context.packer)
             except Exception as e:  # noqa: BLE001

@@ -258,6 +258,14 @@ class Kernel:
         raise NotImplementedError
 
 
+class NoElements(Kernel):
+    """The kernel of a step whose every output has no element (a batch of 0): there is nothing to
+    compute, so the op's own kernel, which may divide by a dim, is neither prepared nor run."""
+
+    def run(self, *inputs, outs, scratch):
+        return None
+
+
 def node_digest(node):
     """A digest of a node's op and attributes (subgraphs named only by their being there): a
     packed value's name includes it, with the node's index, so nodes alike in place but not in
