@@ -54,7 +54,14 @@ class TopKBase(Kernel):
         key = np.moveaxis(self.key(x), self.axis_n, -1)
         n, k = key.shape[-1], self.k
         chosen = None
-        if 0 < k <= 16 and 4 * k < n:
+        if key.dtype.kind == "f" and np.isnan(key).any():
+            # NaN is the largest value, as onnxruntime (and ArgMax, ReduceMax) have it, ties among
+            # NaNs by index: first when the largest are wanted (negated, it would sort last),
+            # last otherwise. The shortcuts below would take NaNs for ties they cannot see.
+            nan = np.isnan(key)
+            chosen = (np.lexsort((key, ~nan), axis=-1) if self.largest
+                      else np.argsort(key, axis=-1, kind="stable"))[..., :k]
+        if chosen is None and 0 < k <= 16 and 4 * k < n:
             chosen = self.few_smallest(key, k)
         if chosen is None and 0 < k and 8 * k < n:
             chosen = self.partial_order(key, k)

@@ -71,6 +71,17 @@ def test_topk_infinities(largest, k):
 
 
 @pytest.mark.parametrize("largest", [0, 1])
+@pytest.mark.parametrize("k", [1, 3, 10, 40])
+def test_topk_nan_is_the_largest_value(largest, k):
+    """NaN orders above +inf, as onnxruntime (and ArgMax, ReduceMax) have it; ties by index."""
+    x = data((4, 50))
+    x[rng(7).random((4, 50)) < 0.1] = np.nan
+    x[0, 3], x[1, 7] = np.inf, -np.inf
+    x[2, :] = np.nan
+    check_model(topk_model(x, k, 11, axis=1, largest=largest), {"x": x})
+
+
+@pytest.mark.parametrize("largest", [0, 1])
 def test_topk_unsorted(largest):
     """sorted=0 leaves the order open: compare each row's (value, index) pairs as sets."""
     x = data((4, 20))
