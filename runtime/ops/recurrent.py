@@ -130,6 +130,11 @@ class Recurrent(Kernel):
     default_activations = ("Tanh",)  # one direction's
     has_cell = False                 # LSTM's Y_c
     sigmoid_gates = 0                # leading gate blocks that take the activation f
+    # A NaN entering a gate is taken as +inf, as onnxruntime's LSTM and GRU have it: their
+    # activations clamp the input to a range first, and the clamp turns NaN into the top of the
+    # range, so a NaN in one step's input does not poison every later step's state. The spec
+    # is silent on NaN.
+    nan_as_top = True
     layout = 0
 
     def decode(self):
@@ -339,10 +344,13 @@ class Recurrent(Kernel):
         if masks is not None:
             np.copyto(new, old, where=masks[1][s])
 
-    @staticmethod
-    def add_inputs(gates, inputs):
+    def add_inputs(self, gates, inputs):
+        """gates += each direction's input projection; then, with `nan_as_top`, a NaN becomes
+        +inf, which every activation takes to its upper bound (1 for Sigmoid and Tanh)."""
         for d, x in enumerate(inputs):
             np.add(gates[d], x, out=gates[d])
+        if self.nan_as_top:
+            np.fmin(gates, np.inf, out=gates)
 
     def clip_in_place(self, x):
         if self.clip is not None:
@@ -351,6 +359,7 @@ class Recurrent(Kernel):
 
 class RNN7(Recurrent):
     gates = 1
+    nan_as_top = False  # onnxruntime's RNN lets NaN through its activation
     default_activations = ("Tanh",)
 
     def steps(self, inputs, recurrent_t, masks, initial_h, rest, outs, scratch, b):

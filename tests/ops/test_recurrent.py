@@ -110,6 +110,18 @@ def test_empty_sequences(op, direction):
     check_recurrent(op, lens=[0, 5, 2], direction=direction)
 
 
+@pytest.mark.parametrize("op", list(GATES))
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_nan_in_one_step_as_onnxruntime(op, direction):
+    """A NaN in one step's input: onnxruntime's LSTM and GRU take it to the top of each gate's
+    activation, so the state recovers at the next steps; its RNN lets the NaN through. Silero VAD
+    fed a NaN sample shows the first (the spec says nothing of NaN)."""
+    model, feeds = recurrent_case(op, direction=direction, seed=4)
+    feeds["x"][1, 0, 0] = np.nan
+    feeds["x"][3, 2, :] = np.nan
+    check_model(model, feeds)
+
+
 @pytest.mark.parametrize("op,peepholes", [("LSTM", False), ("LSTM", True), ("GRU", False), ("RNN", False)])
 def test_weights_fed_at_run_time(op, peepholes):
     """W, R, B (and P) as graph inputs: nothing can be packed at PREPARE."""
