@@ -17,7 +17,7 @@ def element_type(dtype):
     dtype = np.dtype(dtype)
     if dtype.kind in "OUS":
         return TensorProto.STRING
-    return helper.np_dtype_to_tensor_dtype(dtype)
+    return helper.np_dtype_to_tensor_dtype(dtype.newbyteorder("="))  # big-endian floats are floats
 
 
 @functools.lru_cache(maxsize=None)

@@ -173,6 +173,35 @@ def _container_feed(name, info, value):
     return tuple(elements)
 
 
+def _feed_array(name, info, value):
+    """A tensor input's feed as an array of the declared dtype in native byte order: a value not
+    yet an array (a list, a scalar) is converted where it loses nothing; anything else that is
+    not the declared type is an InputError naming what was given."""
+    expected = type_name(info.dtype) if info.dtype is not None else None
+    if value is None:
+        raise InputError(f"input {name!r}: expected {expected or 'a tensor'}, got None")
+    if isinstance(value, np.ndarray):
+        array = value
+    elif isinstance(value, (list, tuple, int, float, complex, str, bytes, bool, np.generic)) \
+            or hasattr(value, "__array__") or hasattr(value, "__array_interface__"):
+        try:
+            array = np.asarray(value)
+        except ValueError as e:  # a ragged list
+            raise InputError(f"input {name!r}: cannot make a tensor of the {type(value).__name__} "
+                             f"given ({e})") from None
+    else:
+        raise InputError(f"input {name!r}: expected {expected or 'a tensor'} as a numpy array, "
+                         f"got {type(value).__module__}.{type(value).__qualname__}")
+    if info.dtype is None or array.dtype == info.dtype:
+        return array
+    if array.dtype.kind == "O" and info.dtype.kind != "O":
+        raise InputError(f"input {name!r}: expected {expected}, got an array of Python objects")
+    if array.dtype.newbyteorder("=") == info.dtype or (info.dtype.kind == "O" and array.dtype.kind in "US") or (
+            not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind")):
+        return array.astype(info.dtype)  # to native byte order, or from a Python value
+    raise InputError(f"input {name!r}: expected {expected}, got {type_name(array.dtype)}")
+
+
 class InferenceSession:
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None,
                  **kwargs):
@@ -340,6 +369,9 @@ class InferenceSession:
                 results[name] = _copied_into(name, results[name], target)
         if self._outside_outputs:  # as onnxruntime: a sequence is a list
             return [list(results[n]) if isinstance(results[n], tuple) else results[n] for n in output_names]
+        if len(set(output_names)) < len(output_names):  # each array the caller gets is its own
+            return [results[n] if k == output_names.index(n) else results[n].copy()
+                    for k, n in enumerate(output_names)]
         return [results[n] for n in output_names]
 
     def _executor_for(self, signature):
@@ -377,13 +409,7 @@ class InferenceSession:
                 if value is None or isinstance(value, tuple):
                     feeds[name] = value
                     continue
-            array = np.asarray(value)
-            if info.dtype is not None and array.dtype != info.dtype:
-                if not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind"):
-                    array = array.astype(info.dtype)
-                else:
-                    raise InputError(f"input {name!r}: expected {type_name(info.dtype)}, "
-                                     f"got {type_name(array.dtype)}")
+            array = _feed_array(name, info, value)
             if info.dims is not None:
                 if array.ndim != len(info.dims):
                     raise InputError(f"input {name!r}: expected rank {len(info.dims)} "
