@@ -148,3 +148,29 @@ def test_refused_by_name_at_prepare(case):
     for word in words:
         assert word in message
     assert "TypeError" not in message and "ValueError" not in message  # plain words, not Python's
+
+
+# --- a node with the wrong number of inputs, in either format
+
+
+def test_a_tflite_operator_with_too_few_inputs_is_refused_by_name():
+    from tflite_model import build_tflite
+
+    x = rng.standard_normal((1, 8, 8, 3)).astype(np.float32)
+    cases = {"CONV_2D": "CONV_2D takes 2 to 3 inputs, the node has 1", "ADD": "ADD takes 2 inputs, the node has 1"}
+    for op, words in cases.items():
+        with pytest.raises(nnrun.ModelError, match=words):
+            nnrun.InferenceSession(bytes(build_tflite(op, [("x", x, False)], 1)))
+
+
+def test_a_contrib_node_with_too_many_inputs_is_refused_by_name():
+    """No ONNX schema holds com.microsoft's ops at load: the kernel's own signature does."""
+    gelu = helper.make_node("Gelu", ["x", "x", "x"], ["y"], domain="com.microsoft", name="g")
+    m = helper.make_model(helper.make_graph([gelu], "g", [tensor("x", [2])], [tensor("y", None)]),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    data = m.SerializeToString()
+    with pytest.raises(Exception):  # the oracle refuses it too
+        onnxruntime(data)
+    with pytest.raises(nnrun.ModelError, match="node 'g' \\(Gelu, #0\\): Gelu takes 1 input, the node has 3"):
+        nnrun.InferenceSession(data)

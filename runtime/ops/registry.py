@@ -42,7 +42,10 @@ its plan shares it, from any thread, so `run` keeps what it computes per run in
 locals; setting an attribute then raises.
 """
 
+import functools
 import hashlib
+import inspect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,6 +169,12 @@ class Kernel:
         kernel left as it was."""
         if self._sealed == "frozen":
             raise RuntimeError(f"{type(self).__name__} is prepared; its shape rule ran before")
+        least, most = _arity(type(self))
+        if not least <= len(inputs) <= most:
+            allowed = (f"{least}" if least == most else f"at least {least}" if most == math.inf
+                       else f"{least} to {most}")
+            self.fail(f"{self.node.op_type} takes {allowed} input{'' if allowed == '1' else 's'}, "
+                      f"the node has {len(inputs)}")
         object.__setattr__(self, "_sealed", "infer")
         try:
             result = self.infer(*inputs)
@@ -264,6 +273,20 @@ class NoElements(Kernel):
 
     def run(self, *inputs, outs, scratch):
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def _arity(cls):
+    """(least, most) inputs a kernel class's shape rule takes, from its signature: a node with
+    another count is refused by name before the rule runs."""
+    least, most = 0, 0
+    for p in list(inspect.signature(cls.infer).parameters.values())[1:]:
+        if p.kind == p.VAR_POSITIONAL:
+            most = math.inf
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            most += 1
+            least += p.default is p.empty
+    return least, most
 
 
 def node_digest(node):
