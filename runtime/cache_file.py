@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .paging import FileMapping
+from .paging import FileMapping, open_regular
 
 MAGIC = b"NNRUNWC\0"
 FORMAT_VERSION = 2  # 2: per-array block checksums instead of crc32
@@ -227,7 +227,7 @@ class CacheFile:
     def __init__(self, path, key):
         self.path = os.fspath(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_regular(self.path)  # a FIFO would block the open
         except OSError as e:
             raise CacheFileError(f"cannot open {self.path}: {e.strerror or e}") from None
         try:

@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import stat
 import threading
 from dataclasses import dataclass
 
@@ -30,6 +31,48 @@ MADV_DONTNEED = 4
 MADV_PAGEOUT = 21
 WILLNEED_CHUNK = 2 << 20
 DIRECT_IO_ALIGNMENT = 4096  # of offsets and lengths in a file opened with O_DIRECT, and of the memory
+
+
+FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode):
+    """What a file that is not a regular one is, in words ("a FIFO (named pipe)"), or None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in FILE_KINDS if test(mode)), f"not a regular file (mode {mode:o})")
+
+
+class NotRegularFile(OSError):
+    """`open_regular`'s refusal: the path is `kind` ("a FIFO (named pipe)")."""
+
+    def __init__(self, kind):
+        super().__init__(f"it is {kind}, not a regular file")
+        self.kind = kind
+
+
+def open_regular(path):
+    """A descriptor of `path` open for reading, which must be a regular file (a symlink to one is).
+
+    A FIFO, a device or a directory could block the open or a read forever, or never end:
+    `NotRegularFile` names what it is, before anything is read. The file is opened without
+    blocking and checked again by its descriptor, so one swapped in between is refused too.
+    """
+    kind = kind_of(os.stat(path).st_mode)
+    if kind is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            kind = kind_of(os.fstat(fd).st_mode)
+        except OSError:
+            os.close(fd)
+            raise
+        if kind is None:
+            os.set_blocking(fd, True)
+            return fd
+        os.close(fd)
+    raise NotRegularFile(kind)
 
 
 class FileMapping(mmap.mmap):

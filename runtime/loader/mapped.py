@@ -5,6 +5,9 @@ An `ExternalData` (weights.py) names one tensor inside it. Nothing here reads a
 weight byte, and `MappedFile.release` hands the pages of packed weights back to
 the kernel (`madvise(MADV_DONTNEED)`), sparing pages that an unreleased weight
 still shares.
+
+Only a regular file is mapped: a FIFO, a device or a directory is refused before
+a byte of it is read (`paging.open_regular`).
 """
 
 import bisect
@@ -15,7 +18,7 @@ import weakref
 import numpy as np
 
 from ..errors import ModelError, ModelFileError
-from ..paging import map_file
+from ..paging import map_file, open_regular
 from ..weights import ExternalData, check_extent  # noqa: F401 - the loader's names for them
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -38,12 +41,13 @@ class MappedFile:
         self.released_bytes = 0
 
     @classmethod
-    def open(cls, path):
+    def open(cls, path, what="model file"):
+        """The mapping of the regular file `path`; `what` names it in messages ("model file")."""
         path = os.fspath(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path)
         except OSError as e:
-            raise ModelFileError(f"cannot map {path!r}: {e.strerror or e}") from None
+            raise ModelFileError(f"cannot map {what} {path!r}: {e.strerror or e}") from None
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -52,7 +56,7 @@ class MappedFile:
             mapping = map_file(fd, 0, path)
         except OSError as e:
             os.close(fd)
-            raise ModelFileError(f"cannot map {path!r}: {e.strerror or e}") from None
+            raise ModelFileError(f"cannot map {what} {path!r}: {e.strerror or e}") from None
         return cls(mapping, path=path, mapping=mapping, fd=fd)
 
     @classmethod

@@ -691,7 +691,7 @@ class _Builder:
         if not stat.S_ISREG(mode):
             # A FIFO or device could block or never end.
             raise ModelError(f"{what}: external data {location!r} is not a regular file")
-        mapped = self.data_files[target] = MappedFile.open(target)
+        mapped = self.data_files[target] = MappedFile.open(target, "external data file")
         return mapped
 
     # sparse tensors
