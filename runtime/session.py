@@ -4,6 +4,12 @@ A session loads the model (MODEL_LOAD), prepares one Plan per input-shape
 signature (PREPARE: at construction when every input shape is static, else on
 the first run with a new signature) and runs plans (EXECUTE), recording each
 phase's time and memory for `report()`.
+
+Before each run the session checks that no file it maps (the model, its external
+data files, the weight cache files its plans read) was truncated or rewritten in
+place since it was mapped: a read of a truncated mapping ends the process
+(SIGBUS), and a rewritten one gives other outputs. Such a file raises
+`ModelFileChangedError`; one replaced by a rename is the old file still, and runs.
 """
 
 import datetime
@@ -221,6 +227,8 @@ class InferenceSession:
             self._graph = _with_free_dimensions(load_model(path_or_bytes), self._options.free_dimensions)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
+        # The files checked before each run (see the module's docstring), with the weight cache's.
+        self._files = tuple(m.file for m in self._graph.mapped_files if m.file is not None)
         anonymous_at = anonymous_bytes()
         self._memory_budget = resolve_budget(self._options.memory_budget)
         self._weight_cache = None
@@ -320,6 +328,7 @@ class InferenceSession:
         for outputs (written in place where the plan allows, copied into otherwise)."""
         if getattr(run_options, "terminate", False):
             raise ExecutionError("Exiting due to terminate flag being set to true.")
+        self._check_files()
         feeds = self._check_feeds(input_feed)
         # A sequence or an optional has no shape or dtype here: its plan is the same whatever it holds.
         signature = tuple((name, getattr(feeds[name], "shape", None), getattr(feeds[name], "dtype", None))
@@ -373,6 +382,17 @@ class InferenceSession:
             return [results[n] if k == output_names.index(n) else results[n].copy()
                     for k, n in enumerate(output_names)]
         return [results[n] for n in output_names]
+
+    def _check_files(self):
+        """ModelFileChangedError if a file the session maps was truncated or rewritten in place since.
+
+        A few microseconds (an fstat per file). What it cannot see is a change made after it, while
+        the run reads the mapping: rewriting a model file in place during a run is not supported."""
+        for file in self._files:
+            file.check()
+        if self._weight_cache is not None:
+            for file in self._weight_cache.files:
+                file.check()
 
     def _executor_for(self, signature):
         feeds = {name: (shape, dtype) for name, shape, dtype in signature}

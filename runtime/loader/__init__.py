@@ -62,6 +62,8 @@ def load_model(model, base_dir=None):
     if (path is not None and path.lower().endswith(".tflite")) \
             or (source.size >= 8 and bytes(source.read(4, 8)) == TFLITE_IDENTIFIER):
         from .tflite import load_tflite
-        return load_tflite(source, path=path)
+        graph = load_tflite(source, path=path)
+        graph.mapped_files = (source,)
+        return graph
     from .onnx import load_onnx  # here, not at import: ir imports loader.mapped
     return load_onnx(source, path=path, base_dir=base_dir)

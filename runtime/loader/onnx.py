@@ -136,6 +136,7 @@ def load_onnx(source, path=None, base_dir=None):
     from .onnx_checks import check_model  # it names this module's AttributeRef
 
     check_model(graph, model.ir_version, where)
+    graph.mapped_files = (source, *builder.data_files.values())
     return graph
 
 
