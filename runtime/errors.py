@@ -21,6 +21,7 @@ in the same cases, so code written to catch onnxruntime's errors catches nnrun's
     InputError               InvalidArgument, and ValueError (onnxruntime's for a missing feed)
     ExecutionError           RuntimeException, Fail (a kernel that failed)
     BudgetError, UnsupportedFeatureError   Fail (the latter NotImplemented too)
+    SessionClosedError       Fail (nnrun's own: onnxruntime's sessions cannot be closed)
 """
 
 from . import status
@@ -90,6 +91,10 @@ class InputError(NnrunError, status.InvalidArgument, ValueError):
 
 class ExecutionError(NnrunError, status.RuntimeException, status.Fail):
     """A kernel failed while running a node; the message names the node."""
+
+
+class SessionClosedError(NnrunError, status.Fail):
+    """The session was closed (`InferenceSession.close`, or the end of its `with` block)."""
 
 
 def node_label(node):

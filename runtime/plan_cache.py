@@ -73,6 +73,13 @@ class PlanCache:
         with self._lock:
             return [e.plan for key, e in self._executors.items() if key[0] == id(graph)]
 
+    def close(self):
+        """Stop every executor's threads and forget every plan (a session being closed)."""
+        with self._lock:
+            executors, self._executors, self._graphs = list(self._executors.values()), {}, {}
+        for executor in executors:
+            executor.close()
+
 
 def _key(graph, feeds, constants):
     # A shape of None: a sequence or an optional, whose plan is the same whatever it holds.

@@ -1,6 +1,7 @@
 """What a session holds of the system, and when it lets go (session.py, plan_cache.py, paging.OpenFile):
 dropping the last reference with the garbage collector off unmaps the model and closes every
-descriptor at once (the session holds no reference cycle).
+descriptor at once (the session holds no reference cycle); `close()` and the end of a `with` block do
+the same while the object lives on, and a run after them raises SessionClosedError.
 
 Counted from the kernel's side: /proc/self/fd entries and /proc/self/maps lines that name a file of
 the test's directory (the model, its external data, its weight cache files).
@@ -8,6 +9,7 @@ the test's directory (the model, its external data, its weight cache files).
 
 import gc
 import os
+import threading
 
 import numpy as np
 import onnx
@@ -144,3 +146,55 @@ def test_dropping_the_session_unmaps_and_closes_at_once_with_the_collector_off(t
         assert nnrun_garbage() == []
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("case", ["onnx", "external data", "runs under a budget", "control flow"])
+def test_close_unmaps_and_closes_while_the_object_lives_and_later_runs_are_refused(tmp_path, case):
+    path, chosen, feeds = CASES[case](tmp_path)
+    sess = nnrun.InferenceSession(str(path), sess_options=chosen)
+    for feed in feeds:
+        sess.run(None, feed)
+    threads = [t for t in threading.enumerate() if t.name == "nnrun-prefetch"]
+    inputs = [(i.name, i.shape, i.type) for i in sess.get_inputs()]
+    sess.close()
+    assert held(tmp_path) == ([], [])
+    sess.close()  # a second close does nothing
+    with pytest.raises(nnrun.SessionClosedError, match="the session is closed") as e:
+        sess.run(None, feeds[0])
+    assert isinstance(e.value, nnrun.NnrunError)
+    with pytest.raises(nnrun.SessionClosedError):
+        sess.report()
+    assert [(i.name, i.shape, i.type) for i in sess.get_inputs()] == inputs
+    for thread in threads:  # a prefetch thread of a closed session ends
+        thread.join(timeout=5)
+    if case == "runs under a budget":
+        assert not any(t.is_alive() for t in threads)
+
+
+def test_a_with_block_closes_the_session_at_its_end_even_when_it_raises(tmp_path):
+    path, chosen, _ = onnx_case(tmp_path)
+    with nnrun.InferenceSession(str(path), sess_options=chosen) as sess:
+        assert sess.run(None, X)[0].shape == (4, 64)
+        assert held(tmp_path)[1]
+    assert held(tmp_path) == ([], [])
+    with pytest.raises(nnrun.SessionClosedError):
+        sess.run(None, X)
+    with pytest.raises(KeyError):
+        with nnrun.InferenceSession(str(path), sess_options=chosen) as sess:
+            raise KeyError("in the block")
+    assert held(tmp_path) == ([], [])
+
+
+def test_run_async_after_close_reports_the_closed_session(tmp_path):
+    path, chosen, _ = onnx_case(tmp_path)
+    sess = nnrun.InferenceSession(str(path), sess_options=chosen)
+    sess.close()
+    done, got = threading.Event(), []
+
+    def callback(outputs, user_data, error):
+        got.append((outputs, error))
+        done.set()
+
+    sess.run_async(None, X, callback, None)
+    assert done.wait(10)
+    assert got[0][0] is None and "the session is closed" in got[0][1]
