@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .paging import FileMapping
+from .paging import FileMapping, OpenFile, open_regular
 
 MAGIC = b"NNRUNWC\0"
 FORMAT_VERSION = 2  # 2: per-array block checksums instead of crc32
@@ -125,6 +125,9 @@ class CacheWriter:
         os.makedirs(directory, exist_ok=True)
         self._tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
         self._file = open(self._tmp, "w+b")  # readable too: add_mapped maps what it wrote
+        # The file as its mappings know it, under the name it will have; its size and mtime are
+        # taken again at commit, once it is written (`file`, for the check before a run).
+        self.file = OpenFile(os.dup(self._file.fileno()), self.path, "weight cache file")
         self._file.write(b"\0" * HEADER.size)
         self._offset = HEADER.size
         self._entries = []
@@ -163,7 +166,7 @@ class CacheWriter:
         else:
             self._file.flush()
             region = CacheMapping(self._file.fileno(), array.nbytes, access=mmap.ACCESS_READ, offset=start)
-            region.path, region.file_offset = self.path, start  # where it will be, once committed
+            region.path, region.file_offset, region.file = self.path, start, self.file  # as it will be, committed
             view = np.frombuffer(region, dtype=array.dtype, count=array.size).reshape(array.shape)
         view.flags.writeable = False
         return view
@@ -183,6 +186,7 @@ class CacheWriter:
                                      index_offset, len(index)))
         self._file.flush()
         os.fsync(self._file.fileno())
+        self.file.remember()
         self._file.close()
         os.replace(self._tmp, self.path)
         _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
@@ -227,9 +231,11 @@ class CacheFile:
     def __init__(self, path, key):
         self.path = os.fspath(path)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_regular(self.path)  # a FIFO would block the open
         except OSError as e:
             raise CacheFileError(f"cannot open {self.path}: {e.strerror or e}") from None
+        # Kept open with the mapping: the check before a run asks it whether the file changed.
+        self.file = OpenFile(fd, self.path, "weight cache file")
         try:
             stat = os.fstat(fd)
             size = stat.st_size
@@ -241,11 +247,9 @@ class CacheFile:
             # and a page mapped twice is one the process cannot hand back (MADV_PAGEOUT skips it).
             self._entries = self._read_index(key, lambda start, length: os.pread(fd, length, start))
             self._mmap = CacheMapping(fd, 0, access=mmap.ACCESS_READ)
-            self._mmap.path = self.path
+            self._mmap.path, self._mmap.file = self.path, self.file
         except OSError as e:
             raise CacheFileError(f"cannot map {self.path}: {e.strerror or e}") from None
-        finally:
-            os.close(fd)
         self._identity = [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
         self._buffer = memoryview(self._mmap)
         self._checked = set()

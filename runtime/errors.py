@@ -14,12 +14,14 @@ in the same cases, so code written to catch onnxruntime's errors catches nnrun's
 
     ModelError               InvalidGraph, Fail (a file that does not parse: also InvalidProtobuf;
                              one that cannot be opened: also NoSuchFile; a shape rule that fails
-                             for a run's feeds is one too, and onnxruntime's is Fail)
+                             for a run's feeds is one too, and onnxruntime's is Fail; a file
+                             changed after the session was created: ModelFileChangedError)
     UnsupportedOperatorError NotImplemented, InvalidGraph, Fail (onnxruntime's three answers
                              to an operator it has no kernel or schema for)
     InputError               InvalidArgument, and ValueError (onnxruntime's for a missing feed)
     ExecutionError           RuntimeException, Fail (a kernel that failed)
     BudgetError, UnsupportedFeatureError   Fail (the latter NotImplemented too)
+    SessionClosedError       Fail (nnrun's own: onnxruntime's sessions cannot be closed)
 """
 
 from . import status
@@ -43,6 +45,17 @@ class ModelError(NnrunError, status.InvalidGraph, status.Fail):
 
 class ModelFileError(ModelError, status.NoSuchFile):
     """The model file (or an external data file) cannot be opened or mapped."""
+
+
+class ModelFileChangedError(ModelError):
+    """A file the session maps (the model, an external data file, a weight cache file) was
+    truncated or rewritten in place after the session was created: reading it again could end
+    the process (SIGBUS) or give other outputs. `path` names the file. A file replaced by a
+    rename is not changed: the session keeps the file it mapped."""
+
+    def __init__(self, message="", path=None):
+        super().__init__(message)
+        self.path = path
 
 
 class MalformedModelError(ModelError, status.InvalidProtobuf):
@@ -78,6 +91,10 @@ class InputError(NnrunError, status.InvalidArgument, ValueError):
 
 class ExecutionError(NnrunError, status.RuntimeException, status.Fail):
     """A kernel failed while running a node; the message names the node."""
+
+
+class SessionClosedError(NnrunError, status.Fail):
+    """The session was closed (`InferenceSession.close`, or the end of its `with` block)."""
 
 
 def node_label(node):

@@ -69,6 +69,7 @@ class Graph:
     opsets: dict = field(default_factory=dict)  # domain -> version
     functions: dict = field(default_factory=dict)  # (domain, name[, overload]) -> model-local function
     source: Any = None  # the MappedFile the graph came from, if any
+    mapped_files: tuple = ()  # on a loaded model's main graph: every MappedFile of it, external data files too
     format: str = "onnx"
     path: str | None = None
     meta: ModelMeta = field(default_factory=ModelMeta)  # the model's, on its main graph

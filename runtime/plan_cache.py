@@ -5,9 +5,14 @@ The cache is the service PREPARE hands to control-flow kernels (If, Loop, Scan):
 for a body's executor instead of reaching up into the compiler and the executor themselves.
 A body is planned with the session's passes, except that it never releases weights: its
 weights lie in the model's mapping, whose pages the main plan's release accounts for.
+
+The kernels hold the cache weakly (a proxy): it holds their plans, and a cycle between the two
+would keep every plan, and the model's mapping with them, alive after the session is gone until
+the garbage collector found it.
 """
 
 import threading
+import weakref
 
 import numpy as np
 
@@ -32,6 +37,7 @@ class PlanCache:
         self._executors = {}
         self._graphs = {}  # id -> graph: keeps each keyed graph alive, so its id is never reused
         self._lock = threading.RLock()
+        self._planner = weakref.proxy(self)  # what kernels that plan bodies hold (see above)
 
     def executor(self, graph, feeds, constants=None, body=False):
         """The Executor for `graph` fed `feeds` (name -> (shape, dtype)), planned on first use.
@@ -45,7 +51,8 @@ class PlanCache:
             if found is None:
                 options = self.body_options if body else self.options
                 try:
-                    plan = compile_graph(graph, feeds, options, constants, planner=self, packer=self.packer)
+                    plan = compile_graph(graph, feeds, options, constants, planner=self._planner,
+                                         packer=self.packer)
                 except BaseException:
                     if self.packer is not None:
                         self.packer.abort()
@@ -65,6 +72,13 @@ class PlanCache:
         """The plans of `graph` so far, in the order they were made."""
         with self._lock:
             return [e.plan for key, e in self._executors.items() if key[0] == id(graph)]
+
+    def close(self):
+        """Stop every executor's threads and forget every plan (a session being closed)."""
+        with self._lock:
+            executors, self._executors, self._graphs = list(self._executors.values()), {}, {}
+        for executor in executors:
+            executor.close()
 
 
 def _key(graph, feeds, constants):

@@ -4,6 +4,14 @@ A session loads the model (MODEL_LOAD), prepares one Plan per input-shape
 signature (PREPARE: at construction when every input shape is static, else on
 the first run with a new signature) and runs plans (EXECUTE), recording each
 phase's time and memory for `report()`.
+
+Before each run the session checks that no file it maps (the model, its external
+data files, the weight cache files its plans read) was truncated or rewritten in
+place since it was mapped: a read of a truncated mapping ends the process
+(SIGBUS), and a rewritten one gives other outputs. Such a file raises
+`ModelFileChangedError`; one replaced by a rename is the old file still, and runs.
+`close()` (or the end of a `with` block) unmaps the model and closes its files at
+once; so does dropping the last reference, the session holding no reference cycle.
 """
 
 import datetime
@@ -18,8 +26,8 @@ import numpy as np
 from . import ops
 from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
-from .errors import ExecutionError, InputError, NnrunError
-from .ir import OPTIONAL, SEQUENCE
+from .errors import ExecutionError, InputError, NnrunError, SessionClosedError
+from .ir import OPTIONAL, SEQUENCE, Graph
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
 from .memory_limit import anonymous_bytes, resolve_budget
@@ -221,6 +229,9 @@ class InferenceSession:
             self._graph = _with_free_dimensions(load_model(path_or_bytes), self._options.free_dimensions)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
+        # The files checked before each run (see the module's docstring), with the weight cache's.
+        self._files = tuple(m.file for m in self._graph.mapped_files if m.file is not None)
+        self._closed = False
         anonymous_at = anonymous_bytes()
         self._memory_budget = resolve_budget(self._options.memory_budget)
         self._weight_cache = None
@@ -318,8 +329,10 @@ class InferenceSession:
     def _run(self, output_names, input_feed, run_options, into=None):
         """The run behind run, run_with_ort_values and I/O binding: `into` names the caller's arrays
         for outputs (written in place where the plan allows, copied into otherwise)."""
+        self._check_open()
         if getattr(run_options, "terminate", False):
             raise ExecutionError("Exiting due to terminate flag being set to true.")
+        self._check_files()
         feeds = self._check_feeds(input_feed)
         # A sequence or an optional has no shape or dtype here: its plan is the same whatever it holds.
         signature = tuple((name, getattr(feeds[name], "shape", None), getattr(feeds[name], "dtype", None))
@@ -373,6 +386,44 @@ class InferenceSession:
             return [results[n] if k == output_names.index(n) else results[n].copy()
                     for k, n in enumerate(output_names)]
         return [results[n] for n in output_names]
+
+    def _check_files(self):
+        """ModelFileChangedError if a file the session maps was truncated or rewritten in place since.
+
+        A few microseconds (an fstat per file). What it cannot see is a change made after it, while
+        the run reads the mapping: rewriting a model file in place during a run is not supported."""
+        for file in self._files:
+            file.check()
+        if self._weight_cache is not None:
+            for file in self._weight_cache.files:
+                file.check()
+
+    def _check_open(self):
+        if self._closed:
+            raise SessionClosedError("the session is closed: make a new InferenceSession to run the model")
+
+    # --- closing (nnrun's own: onnxruntime's sessions end with their last reference)
+    def close(self):
+        """Drop the plans, stop their threads, and unmap the model and its weight cache files (once
+        nothing else holds an array of theirs); a later run raises SessionClosedError. The inputs,
+        outputs and metadata stay known. Closing twice does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        g = self._graph
+        self._graph = Graph(g.name, [], g.inputs, g.outputs, {}, opsets=g.opsets, format=g.format, path=g.path,
+                            meta=g.meta)
+        self._plans.close()
+        self._plans = self._last = self._weight_cache = None
+        if self._profiler is not None:
+            self._profiler.settle()  # end_profiling still writes the runs so far
+        self._files = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        self.close()
 
     def _executor_for(self, signature):
         feeds = {name: (shape, dtype) for name, shape, dtype in signature}
@@ -441,6 +492,7 @@ class InferenceSession:
     # --- reporting
     def report(self):
         """The report of DESIGN.md for what has run so far, as a dict."""
+        self._check_open()
         rec = self._recorder
         phases = rec.phases()
         plan = self._last
@@ -476,10 +528,12 @@ class InferenceSession:
     # --- for tools and tests
     @property
     def graph(self):
+        self._check_open()
         return self._graph
 
     def plan(self, signature=None):
         """The Plan for a signature (default: the last one prepared or run)."""
+        self._check_open()
         if signature is None:
             return self._last
         found = self._plans.get(self._graph, {name: (shape, dtype) for name, shape, dtype in signature})

@@ -13,25 +13,19 @@ from ..weights import ExternalData
 
 def mapped_weights(graph):
     """Every ExternalData of the graph: initializers, Constant values and subgraphs, by id."""
+    # A loop over a stack rather than two closures calling each other: such closures form a
+    # reference cycle that outlives the call, and with it the weights and their file's mapping.
     found = {}
-
-    def visit_value(v):
+    pending = [graph]
+    while pending:
+        v = pending.pop()
         if isinstance(v, ExternalData):
             found[id(v)] = v
         elif isinstance(v, Graph):
-            visit_graph(v)
+            inside = [*v.initializers.values(), *(a for node in v.nodes for a in node.attrs.values())]
+            pending.extend(reversed(inside))
         elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit_value(x)
-
-    def visit_graph(g):
-        for w in g.initializers.values():
-            visit_value(w)
-        for node in g.nodes:
-            for v in node.attrs.values():
-                visit_value(v)
-
-    visit_graph(graph)
+            pending.extend(reversed(v))
     return list(found.values())
 
 

@@ -10,7 +10,11 @@ a later session, in this process or another, maps it and packs nothing.
 
 The cache never fails a session: a file that is stale, truncated or corrupt is
 rebuilt, and a directory that cannot be written (read-only, full, no mmap)
-turns the cache off for the session with one warning.
+turns the cache off for the session with one warning. A file whose views a plan
+holds and that is truncated or rewritten in place afterwards (by someone else:
+nnrun only ever renames a new file into place) fails the session's next run
+instead (`files`: the session checks them), since a read of its views could end
+the process.
 """
 
 import hashlib
@@ -56,7 +60,7 @@ def cache_key(graph, disabled_passes=()):
     if graph.source is not None and id(graph.source) not in by_source:
         sources.insert(0, (graph.source, []))
     for source, weights in sources:
-        h.update(f"file:{source.size}:{_mtime(source.path)}".encode())
+        h.update(f"file:{source.size}:{_mtime(source)}".encode())
         spans = sorted({(w.offset, w.nbytes) for w in weights})
         position = 0
         for offset, nbytes in spans:
@@ -107,13 +111,10 @@ def model_origin(path):
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _mtime(path):
-    if not path:
-        return "-"
-    try:
-        return str(os.stat(path).st_mtime_ns)
-    except OSError:
-        return "-"
+def _mtime(source):
+    """The mtime of the file mapped (not of whatever has its path now), or "-" for bytes."""
+    file = getattr(source, "file", None)
+    return str(file.mtime_ns) if file is not None else "-"
 
 
 class WeightCache:
@@ -135,6 +136,13 @@ class WeightCache:
         self._file = None
         self._file_groups = None
         self._opened = False  # the file is opened at the first value asked for: at PREPARE
+        # The OpenFiles of the cache files whose views were handed out (each file committed, each
+        # file read): what must not change while a plan reads them. Replaced, never changed in place.
+        self.files = ()
+
+    def _holding(self, file):
+        if all(f is not file for f in self.files):
+            self.files = (*self.files, file)
 
     def _open(self):
         self._opened = True
@@ -174,11 +182,13 @@ class WeightCache:
             if name in self._file:
                 view = self._file.array(name)
                 self.cached_bytes += view.nbytes
+                self._holding(self._file.file)
                 return view
             parts = self._groups().get(name)
             if parts:
                 views = tuple(self._file.array(part) for part in parts)
                 self.cached_bytes += sum(v.nbytes for v in views)
+                self._holding(self._file.file)
                 return views
         except CacheFileError:
             self._file, self._file_groups = None, None  # damaged: made again, the file rebuilt
@@ -220,6 +230,7 @@ class WeightCache:
                         if name not in writer:
                             writer.add(name, self._file.array(name))
                 writer.commit()
+                self._holding(writer.file)  # the file the views add_mapped handed out map
                 self._file, self._file_groups = CacheFile(self.path, self.key), None
             except (OSError, ValueError, CacheFileError) as e:
                 writer.abort()

@@ -3,11 +3,14 @@
 The plan's `Streaming` says, per step position, which weight regions to start reading when that
 step begins (they are first read `lookahead` steps later), which the step is the first to read,
 and which to hand back once it ends. A thread of its own reads ahead: madvise(MADV_WILLNEED) asks
-the kernel to read the whole region in large requests, then a read of one byte per page waits
-until every page is in memory, and the region is marked ready. A step waits for the regions it is
-the first to read; the time it waits is the run's stall, the time reading did not overlap
-computing. Dropping is done in line (MADV_PAGEOUT: the pages leave this process and the page
-cache at once).
+the kernel to read the whole region in large requests, then a pread of the region (into a small
+buffer of the thread's, chunk by chunk) waits until every page is in the page cache, and the
+region is marked ready. The read is a pread, not a touch of the mapping, so that a file truncated
+since the session was created is an error the step raises (ModelFileChangedError), not a SIGBUS
+that ends the process; the kernel then reads the weight through the mapping, which no check can
+make safe against a truncation in the middle of the run. A step waits for the regions it is the
+first to read; the time it waits is the run's stall, the time reading did not overlap computing.
+Dropping is done in line (MADV_PAGEOUT: the pages leave this process and the page cache at once).
 
 The thread holds no reference to the executor: it ends when the executor is collected, or on
 `close()`.
@@ -22,7 +25,10 @@ import weakref
 
 import numpy as np
 
+from ..errors import ModelFileChangedError
 from ..paging import DIRECT_IO_ALIGNMENT, PAGER, round_up
+
+BOUNCE_BYTES = 128 << 10  # the prefetch thread's buffer for reading regions in (see Pager.read_in)
 
 
 class Prefetcher:
@@ -36,12 +42,15 @@ class Prefetcher:
         self.stalled_ns = 0  # this run's time waiting for reads
         self._last = {r: position for position, regions in enumerate(streaming.drop) for r in regions}
         self._ready = {}  # region -> the run it was last read in for
+        self._failed = {}  # region -> (run, the error reading it in raised)
         self._read = threading.Condition()
         self._requests = queue.SimpleQueue()
-        self._thread = threading.Thread(target=_read_ahead, args=(self._requests, pager, self._read, self._ready),
+        stopping = threading.Event()  # set when this goes: requests still queued are skipped
+        self._thread = threading.Thread(target=_read_ahead,
+                                        args=(self._requests, pager, self._read, self._ready, self._failed, stopping),
                                         name="nnrun-prefetch", daemon=True)
         self._thread.start()
-        self._closer = weakref.finalize(self, self._requests.put, None)
+        self._closer = weakref.finalize(self, _stop, self._requests, stopping)
 
     def start(self):
         """A run begins (its first `before` requests what its first steps read)."""
@@ -60,13 +69,17 @@ class Prefetcher:
             self.wait(needed)
 
     def wait(self, regions):
+        """Wait until `regions` are read in for this run; raise the error reading one raised."""
         run = self.run
         with self._read:
-            if all(self._ready.get(r) == run for r in regions):
-                return
-            started = time.perf_counter_ns()
-            self._read.wait_for(lambda: all(self._ready.get(r) == run for r in regions))
-            self.stalled_ns += time.perf_counter_ns() - started
+            if not all(self._ready.get(r) == run for r in regions):
+                started = time.perf_counter_ns()
+                self._read.wait_for(lambda: all(self._ready.get(r) == run for r in regions))
+                self.stalled_ns += time.perf_counter_ns() - started
+            for r in regions:
+                failed = self._failed.get(r)
+                if failed is not None and failed[0] == run:
+                    raise failed[1]
 
     def submit(self, job, key):
         """Run `job()` on the prefetch thread, then mark `key` ready for this run (see `wait`)."""
@@ -114,11 +127,10 @@ class BlockStream:
         self._blocks = blocks
         self._prefetcher = prefetcher
         self._pager = prefetcher._pager
-        path = blocks.whole.path
-        self._direct = self._pager.direct_fd(path)
-        self._fd = self._direct if self._direct is not None else self._pager.fd(path)
-        if self._fd is None:
-            raise OSError(f"cannot open {path} to read a weight in blocks")
+        # The mapped file itself (whatever now has its path), by the descriptor its mapping keeps.
+        self._file = blocks.whole.file
+        self._direct = self._pager.direct_fd(self._file)
+        self._fd = self._direct if self._direct is not None else self._file.fd
         self.error = None
         # Per block: where in the file to read from, how much, and where its rows begin in what
         # is read (direct I/O reads whole aligned pages).
@@ -143,11 +155,14 @@ class BlockStream:
                 while done < wanted:
                     got = os.preadv(fd, [view[done:]], start + done)
                     if got <= 0:
-                        raise OSError(f"{self._blocks.whole.path} ended at byte {start + done}, inside a weight")
+                        raise ModelFileChangedError(
+                            f"{self._file.what} {self._file.path} ends at byte {start + done}, inside a weight "
+                            f"mapped from it: it was truncated after the session was created; make a new session",
+                            path=self._file.path)
                     done += got
                 if self._direct is None:
                     os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
-            except OSError as e:
+            except (OSError, ModelFileChangedError) as e:
                 self.error = e  # raised by the step, in its own thread
 
         self._prefetcher.submit(job, self._blocks.regions[k])
@@ -172,11 +187,19 @@ class BlockStream:
                 self._pager.drop(self._blocks.whole)
 
 
-def _read_ahead(requests, pager, read, ready):
+def _stop(requests, stopping):
+    stopping.set()
+    requests.put(None)
+
+
+def _read_ahead(requests, pager, read, ready, failed, stopping):
+    bounce = memoryview(mmap.mmap(-1, BOUNCE_BYTES))
     while True:
         request = requests.get()
         if request is None:
             return
+        if stopping.is_set():  # the executor is gone, and the weights' mappings may be too
+            continue
         if callable(request[0]):  # a job (a block read by a BlockStream, which keeps its own error)
             job, key, run = request
             job()
@@ -185,6 +208,8 @@ def _read_ahead(requests, pager, read, ready):
             continue
         regions, wanted, run = request
         for region in regions:
+            if stopping.is_set():
+                break
             # The check and the request under the pager's lock, so that the run cannot drop the
             # region in between: read in after its drop, it would stay in memory to the next run.
             with pager.lock:
@@ -192,12 +217,17 @@ def _read_ahead(requests, pager, read, ready):
                 if going:
                     pager.willneed(region)
             if going:
-                pager.touch(region)
+                try:
+                    pager.read_in(region, bounce)
+                except (OSError, ModelFileChangedError) as e:
+                    with read:
+                        failed[region] = (run, e)  # raised by the step that waits for it
                 with pager.lock:
                     if not wanted(region, run):  # passed while it was read: hand it back again
                         pager.drop(region)
             _mark_ready(read, ready, region, run)
         del request, regions, wanted  # hold nothing of the executor while waiting
+        region = None
 
 
 def _mark_ready(read, ready, key, run):

@@ -58,6 +58,13 @@ class Profiler:
                          "eager": step.eager}})
         return events
 
+    def settle(self):
+        """Make the events of the runs so far now, so that no plan is held for them (a session being
+        closed: its plans hold the model's mapping)."""
+        with self._lock:
+            runs, self._runs = self._runs, []
+            self.events.extend(e for run in runs for e in self._run_events(*run))
+
     def discard_runs(self):
         """Forget the runs recorded so far (warm-up runs); the phases stay."""
         with self._lock:

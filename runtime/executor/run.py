@@ -110,6 +110,15 @@ class Executor:
         with self._lock:
             self._free.clear()
 
+    def close(self):
+        """Stop the prefetch thread (after the run under way, if any) and drop the arenas."""
+        if self.prefetcher is not None:
+            with self._budgeted:
+                self.prefetcher.close()
+        self.release_arenas()
+        with self._lock:
+            self._eager_kernels.clear()
+
     def run(self, feeds, profile=None, trace=None, stop_after=None, into=None):
         """feeds: name -> array (validated by the caller). Returns {output name: array}.
 

@@ -6,6 +6,7 @@ the flatbuffer identifier "TFL3"; `loader.tflite`), else ONNX (`loader.onnx`).
 
 import os
 
+from ..paging import open_regular
 from .mapped import MappedFile
 
 TFLITE_IDENTIFIER = b"TFL3"  # flatbuffer file identifier, bytes 4..8
@@ -18,11 +19,16 @@ def model_format(model):
     path = os.fsdecode(os.fspath(model))
     if path.lower().endswith(".tflite"):
         return "tflite"
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
+    try:  # a FIFO or a device is refused unread: a read of it could block forever
+        fd = open_regular(path)
     except OSError:
         return "onnx"  # load_model reports the error
+    try:
+        head = os.pread(fd, 8, 0)
+    except OSError:
+        return "onnx"
+    finally:
+        os.close(fd)
     return "tflite" if head[4:8] == TFLITE_IDENTIFIER else "onnx"
 
 
@@ -56,6 +62,8 @@ def load_model(model, base_dir=None):
     if (path is not None and path.lower().endswith(".tflite")) \
             or (source.size >= 8 and bytes(source.read(4, 8)) == TFLITE_IDENTIFIER):
         from .tflite import load_tflite
-        return load_tflite(source, path=path)
+        graph = load_tflite(source, path=path)
+        graph.mapped_files = (source,)
+        return graph
     from .onnx import load_onnx  # here, not at import: ir imports loader.mapped
     return load_onnx(source, path=path, base_dir=base_dir)

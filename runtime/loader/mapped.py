@@ -5,17 +5,22 @@ An `ExternalData` (weights.py) names one tensor inside it. Nothing here reads a
 weight byte, and `MappedFile.release` hands the pages of packed weights back to
 the kernel (`madvise(MADV_DONTNEED)`), sparing pages that an unreleased weight
 still shares.
+
+Only a regular file is mapped: a FIFO, a device or a directory is refused before
+a byte of it is read (`paging.open_regular`). The file's descriptor stays open
+with the mapping (`MappedFile.file`, a `paging.OpenFile`): the structure is read
+through it, and a session checks by it before each run that the file was not
+truncated or rewritten since.
 """
 
 import bisect
 import mmap
 import os
-import weakref
 
 import numpy as np
 
 from ..errors import ModelError, ModelFileError
-from ..paging import map_file
+from ..paging import OpenFile, map_file, open_regular
 from ..weights import ExternalData, check_extent  # noqa: F401 - the loader's names for them
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -24,12 +29,10 @@ PAGE_SIZE = mmap.PAGESIZE
 class MappedFile:
     """A read-only mapping of a model or external-data file, or a view of bytes."""
 
-    def __init__(self, buffer, path=None, mapping=None, fd=None):
+    def __init__(self, buffer, path=None, mapping=None, file=None):
         self.path = path
         self._mmap = mapping
-        self._fd = fd  # kept open for `read`, closed with this object
-        if fd is not None:
-            weakref.finalize(self, os.close, fd)
+        self.file = file  # the OpenFile mapped, for `read` and the check before a run; None for bytes
         self.buffer = memoryview(buffer).cast("B")
         self.size = len(self.buffer)
         # Byte ranges of weights that have not been released; sorted by start.
@@ -38,22 +41,21 @@ class MappedFile:
         self.released_bytes = 0
 
     @classmethod
-    def open(cls, path):
+    def open(cls, path, what="model file"):
+        """The mapping of the regular file `path`; `what` names it in messages ("model file")."""
         path = os.fspath(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path)
         except OSError as e:
-            raise ModelFileError(f"cannot map {path!r}: {e.strerror or e}") from None
+            raise ModelFileError(f"cannot map {what} {path!r}: {e.strerror or e}") from None
+        file = OpenFile(fd, path, what)  # closes fd when the last holder goes
         try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                os.close(fd)
+            if file.size == 0:
                 return cls(b"", path=path)
-            mapping = map_file(fd, 0, path)
+            mapping = map_file(file, 0)
         except OSError as e:
-            os.close(fd)
-            raise ModelFileError(f"cannot map {path!r}: {e.strerror or e}") from None
-        return cls(mapping, path=path, mapping=mapping, fd=fd)
+            raise ModelFileError(f"cannot map {what} {path!r}: {e.strerror or e}") from None
+        return cls(mapping, path=path, mapping=mapping, file=file)
 
     @classmethod
     def from_bytes(cls, data):
@@ -132,9 +134,9 @@ class MappedFile:
         folios maps a whole folio (up to 2 MB) on one touch of the mapping. For a
         MappedFile over bytes it is a view.
         """
-        if self._fd is None:
+        if self.file is None:
             return self.buffer[start:end]
-        data = os.pread(self._fd, end - start, start)
+        data = os.pread(self.file.fd, end - start, start)
         if len(data) != end - start:
             raise ModelError(f"{self.path}: short read at byte offset {start} "
                              f"(the file changed while it was loaded)")

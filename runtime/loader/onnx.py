@@ -136,6 +136,7 @@ def load_onnx(source, path=None, base_dir=None):
     from .onnx_checks import check_model  # it names this module's AttributeRef
 
     check_model(graph, model.ir_version, where)
+    graph.mapped_files = (source, *builder.data_files.values())
     return graph
 
 
@@ -691,7 +692,7 @@ class _Builder:
         if not stat.S_ISREG(mode):
             # A FIFO or device could block or never end.
             raise ModelError(f"{what}: external data {location!r} is not a regular file")
-        mapped = self.data_files[target] = MappedFile.open(target)
+        mapped = self.data_files[target] = MappedFile.open(target, "external data file")
         return mapped
 
     # sparse tensors
