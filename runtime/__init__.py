@@ -11,8 +11,8 @@ imports onnxruntime itself; `nnrun.capi` holds onnxruntime's `capi` import paths
 """
 
 from .errors import (BudgetError, ExecutionError, InputError, MalformedModelError, ModelError,  # noqa: F401
-                     ModelFileChangedError, ModelFileError, NnrunError, SessionClosedError, UnsupportedFeatureError,
-                     UnsupportedOperatorError)
+                     ModelFileChangedError, ModelFileError, NnrunError, SessionClosedError, SizeLimitError,
+                     UnsupportedFeatureError, UnsupportedOperatorError)
 from .providers import ALL as _ALL_PROVIDERS
 from .providers import AVAILABLE as _AVAILABLE_PROVIDERS
 

@@ -19,6 +19,7 @@ in the same cases, so code written to catch onnxruntime's errors catches nnrun's
     UnsupportedOperatorError NotImplemented, InvalidGraph, Fail (onnxruntime's three answers
                              to an operator it has no kernel or schema for)
     InputError               InvalidArgument, and ValueError (onnxruntime's for a missing feed)
+    SizeLimitError           as ModelError (a tensor beyond SessionOptions.max_tensor_bytes)
     ExecutionError           RuntimeException, Fail (a kernel that failed)
     BudgetError, UnsupportedFeatureError   Fail (the latter NotImplemented too)
     SessionClosedError       Fail (nnrun's own: onnxruntime's sessions cannot be closed)
@@ -56,6 +57,15 @@ class ModelFileChangedError(ModelError):
     def __init__(self, message="", path=None):
         super().__init__(message)
         self.path = path
+
+
+class SizeLimitError(ModelError):
+    """A tensor the model or its feeds would make exceeds SessionOptions.max_tensor_bytes.
+
+    Raised before anything of that size is allocated or looped over: at PREPARE for sizes the
+    file fixes, at EXECUTE for sizes a run's values decide. The message names the node (or the
+    input), the tensor's shape, its bytes and the limit.
+    """
 
 
 class MalformedModelError(ModelError, status.InvalidProtobuf):

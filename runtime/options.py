@@ -105,6 +105,13 @@ class SessionOptions:
         # "128M", or "auto" (the process's memory cgroup limit, less what is in use). Weights
         # beyond it stream by execution order. None: no budget.
         self.memory_budget = None
+        # The largest tensor a model file or its feeds may make nnrun allocate, in bytes: every
+        # size they dictate (inputs' dims, shapes computed from values, convolution geometry,
+        # densified weights, Loop scan outputs, sequences) is checked against it before
+        # anything is allocated, and beyond it a SizeLimitError names the node and the tensor.
+        # None: half of the physical memory, or of the memory cgroup's limit when lower, read
+        # when the session is made.
+        self.max_tensor_bytes = None
         self.release_weights = True  # madvise away the mapped pages of packed weights
         # Compiler passes to skip, by name (nnrun.compiler.passes.SWITCHABLE); the five
         # switches above are the same as naming their passes here.
@@ -160,10 +167,10 @@ class SessionOptions:
     def free_dimensions(self):
         return dict(self._free_dimensions)
 
-    def compile_options(self, memory_budget=None, memory_budget_auto=None):
+    def compile_options(self, memory_budget=None, memory_budget_auto=None, max_tensor_bytes=None):
         level = GraphOptimizationLevel(self.graph_optimization_level)
         return CompileOptions(set(self.disabled_passes) | _LEFT_OUT[level], self.order_search_seconds,
-                              memory_budget, memory_budget_auto,
+                              memory_budget, memory_budget_auto, max_tensor_bytes=max_tensor_bytes,
                               fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
                               fuse_activations=self.fuse_activations,
                               memory_aware_order=self.memory_aware_order,

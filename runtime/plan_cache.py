@@ -33,7 +33,8 @@ class PlanCache:
         self.options = options
         self.packer = packer  # keeps what kernels pack: a WeightCache, or None (memory)
         self.body_options = CompileOptions(options.disabled_passes | {"release_weights"},
-                                           options.order_search_seconds)
+                                           options.order_search_seconds,
+                                           max_tensor_bytes=options.max_tensor_bytes)
         self._executors = {}
         self._graphs = {}  # id -> graph: keeps each keyed graph alive, so its id is never reused
         self._lock = threading.RLock()
@@ -59,7 +60,7 @@ class PlanCache:
                     raise
                 if self.packer is not None:
                     self.packer.commit()
-                found = self._executors[key] = Executor(plan)
+                found = self._executors[key] = Executor(plan, options.max_tensor_bytes)
                 self._graphs[id(graph)] = graph
         return found
 

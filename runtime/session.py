@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import ops
+from . import ops, size_limit
 from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
 from .errors import ExecutionError, InputError, NnrunError, SessionClosedError
@@ -224,8 +224,11 @@ class InferenceSession:
         import_reader(model_format(path_or_bytes))  # its import cost is baseline, not MODEL_LOAD
         self._recorder.rebase()
         self._profiler = Profiler() if self._options.enable_profiling else None
+        # The largest tensor the model or its feeds may make nnrun allocate, read once: the
+        # loader, PREPARE and EXECUTE all check against this one number.
+        self._max_tensor_bytes = size_limit.resolve(self._options.max_tensor_bytes)
         started = time.perf_counter_ns()
-        with self._recorder.phase("MODEL_LOAD"):
+        with self._recorder.phase("MODEL_LOAD"), size_limit.in_force(self._max_tensor_bytes):
             self._graph = _with_free_dimensions(load_model(path_or_bytes), self._options.free_dimensions)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
@@ -246,7 +249,8 @@ class InferenceSession:
         # Every plan of this session, the main graph's and its control-flow bodies'.
         asked = self._options.memory_budget
         auto = isinstance(asked, str) and asked.strip().lower() == "auto" and self._memory_budget is not None
-        self._plans = PlanCache(self._options.compile_options(self._memory_budget, anonymous_at if auto else None),
+        self._plans = PlanCache(self._options.compile_options(self._memory_budget, anonymous_at if auto else None,
+                                                              self._max_tensor_bytes),
                                 self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
         self._last = None

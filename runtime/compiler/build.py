@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import ops
+from .. import ops, size_limit
 from ..cache_file import in_cache_file
 from ..errors import ModelError, UnsupportedOperatorError, located
 from ..ir import Graph
@@ -52,7 +52,7 @@ class CompileOptions:
     """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
 
     def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, memory_budget_auto=None,
-                 **switches):
+                 max_tensor_bytes=None, **switches):
         disabled = set(disabled_passes)
         for name, on in switches.items():
             if not on:
@@ -66,6 +66,9 @@ class CompileOptions:
         # caller holds the last run's while the next runs). Page cache is not counted: PREPARE
         # fills it with the weights it reads, and it is handed back.
         self.memory_budget_auto = memory_budget_auto
+        # The largest tensor the graph or its feeds may make (SessionOptions.max_tensor_bytes,
+        # resolved); None: the limit in force (size_limit.current()).
+        self.max_tensor_bytes = max_tensor_bytes
 
     def __repr__(self):
         return (f"CompileOptions(disabled_passes={sorted(self.disabled_passes)}, "
@@ -91,14 +94,18 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     bodies of control-flow nodes (a plan_cache.PlanCache; see ops/control.py); `packer`
     keeps what kernels pack (`Kernel.pack`; None: in memory). Under a memory budget a
     convolution's scratch per tile is at most a sixteenth of it (4 MiB otherwise).
+    No feed, value or scratch may be larger than `options.max_tensor_bytes` (size_limit.py),
+    which is in force for the shape rules and kernels while the graph is planned.
     """
-    if options.memory_budget is None:
-        return _compile_graph(graph, feeds, options, constants, planner, packer)
-    with scratch_limit(max(SCRATCH_FLOOR, options.memory_budget // 16)):
-        return _compile_graph(graph, feeds, options, constants, planner, packer)
+    limit = size_limit.current() if options.max_tensor_bytes is None else options.max_tensor_bytes
+    with size_limit.in_force(limit):
+        if options.memory_budget is None:
+            return _compile_graph(graph, feeds, options, constants, planner, packer, limit)
+        with scratch_limit(max(SCRATCH_FLOOR, options.memory_budget // 16)):
+            return _compile_graph(graph, feeds, options, constants, planner, packer, limit)
 
 
-def _compile_graph(graph, feeds, options, constants, planner, packer):
+def _compile_graph(graph, feeds, options, constants, planner, packer, limit):
     started = time.perf_counter()
     run = PassRunner(options.disabled_passes)
     run("check_supported", check_supported, graph)
@@ -121,9 +128,9 @@ def _compile_graph(graph, feeds, options, constants, planner, packer):
     nodes = run("fuse_patterns", fuse_patterns_pass, nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"),
-                 run.enabled("inline_if"))
+                 run.enabled("inline_if"), limit)
     shaped = run("drop_dead", drop_dead, shaped, context)
-    prepared = run("prepare_kernels", prepare_kernels, shaped, context)
+    prepared = run("prepare_kernels", prepare_kernels, shaped, context, limit)
     buffers = run("arena_buffers", arena_buffers, prepared, context)
     search = run("memory_aware_order", memory_aware_order, buffers, options.order_search_seconds,
                  otherwise=lambda buffers, seconds: memory_aware_order(buffers, None))
@@ -225,9 +232,11 @@ def _weight_info(w):
                       weight=w if isinstance(w, ExternalData) else None)
 
 
-def infer_shapes(nodes, context, fold, inline=True):
+def infer_shapes(nodes, context, fold, inline=True, limit=None):
     """Each node's shape rule on concrete shapes, in order; with `fold`, known values computed now;
     with `inline`, an If whose condition is known by then is replaced by the branch it takes.
+    Every feed and every output a shape rule gives is checked against `limit`
+    (max_tensor_bytes; None: the limit in force) before anything is made of it.
 
     Folding runs inside this walk, node by node, because later shape rules need the
     values it produces (a Reshape's shape computed from a Shape). A node whose shape
@@ -236,6 +245,10 @@ def infer_shapes(nodes, context, fold, inline=True):
     A feed of shape None is a sequence or an optional: known only per run too.
     """
     graph = context.graph
+    limit = size_limit.current() if limit is None else limit
+    for name, (shape, dtype) in context.feeds.items():
+        if shape is not None:
+            size_limit.tensor_bytes(shape, dtype, f"input {name!r}", limit)
     infos = {name: TensorInfo(tuple(shape), np.dtype(dtype)) if shape is not None else None
              for name, (shape, dtype) in context.feeds.items()}
     for name, w in nodes.weights.items():
@@ -288,9 +301,11 @@ def infer_shapes(nodes, context, fold, inline=True):
             derived = frozen_map(inferred.derived)
             if len(out_infos) < len([o for o in node.outputs if o]):
                 raise ModelError(f"the shape rule gave {len(out_infos)} outputs for {len(node.outputs)}")
+            for k, (name, info) in enumerate(zip(node.outputs, out_infos)):
+                size_limit.tensor_bytes(info.shape, info.dtype, f"output {name or k!r}", limit)
             if fold and _foldable(kernel, in_infos, out_infos):
                 pass_name = "fold_constants"
-                out_infos = fold_constants(kernel, derived, in_infos, out_infos)
+                out_infos = fold_constants(kernel, derived, in_infos, out_infos, limit)
         except Exception as e:  # noqa: BLE001 - every failure must name the node
             raise located(e, "PREPARE", pass_name, node) from e
         if context.packer is not None:
@@ -334,14 +349,18 @@ def _foldable(kernel, in_infos, out_infos):
     return sum(o.nbytes for o in out_infos) <= budget
 
 
-def fold_constants(kernel, derived, in_infos, out_infos):
-    """The node's outputs computed now, from inputs all known at PREPARE."""
+def fold_constants(kernel, derived, in_infos, out_infos, limit=None):
+    """The node's outputs computed now, from inputs all known at PREPARE; its scratch checked
+    against `limit` (None: the limit in force) first."""
     values = [i.value if i is not None else None for i in in_infos]
     if len(out_infos) == 1 and out_infos[0].alias_of is not None:
         source = in_infos[out_infos[0].alias_of]  # a view of the same bytes: of the same weight
         view = values[out_infos[0].alias_of].reshape(out_infos[0].shape)
         return [TensorInfo(view.shape, view.dtype, view, weight=source.weight)]
-    scratch = [np.empty(s, d) for s, d in kernel.ready(derived, *in_infos)]
+    spec = kernel.ready(derived, *in_infos)
+    for k, (s, d) in enumerate(spec):
+        size_limit.tensor_bytes(s, d, f"scratch {k}", limit)
+    scratch = [np.empty(s, d) for s, d in spec]
     args = [None if k in kernel.packed else v for k, v in enumerate(values)]
     outs = tuple(np.empty(o.shape, o.dtype) for o in out_infos)
     result = kernel.run(*args, outs=outs, scratch=tuple(scratch))
@@ -362,8 +381,9 @@ def drop_dead(shaped, context):
     return Shaped(tuple(reversed(live)), shaped.infos)
 
 
-def prepare_kernels(shaped, context):
-    """Each kernel packs its constant inputs and sizes its scratch; eager steps prepare per run."""
+def prepare_kernels(shaped, context, limit=None):
+    """Each kernel packs its constant inputs and sizes its scratch, each scratch buffer no larger
+    than `limit` (None: the limit in force); eager steps prepare per run."""
     steps = []
     for step in shaped.steps:
         scratch = ()
@@ -372,6 +392,8 @@ def prepare_kernels(shaped, context):
         elif step.outputs is not None:
             try:
                 spec = step.kernel.ready(step.derived, *step.inputs, packer=context.packer)
+                for k, (s, d) in enumerate(spec):
+                    size_limit.tensor_bytes(s, d, f"scratch {k}", limit)
             except Exception as e:  # noqa: BLE001
                 raise located(e, "PREPARE", "prepare_kernels", step.node) from e
             scratch = tuple((tuple(s), np.dtype(d)) for s, d in spec)

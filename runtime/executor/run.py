@@ -4,6 +4,12 @@ Per-run state — the arena, the slot table, the output arrays — lives in an
 `ArenaState` (reused between runs, one per concurrent run) and in locals; the
 Plan is only read. Kernels write into arena views; nothing allocates per step
 except what a kernel cannot avoid.
+
+Sizes were checked at PREPARE against max_tensor_bytes (size_limit.py), except those a run's
+values decide: an eager step's outputs and scratch are checked here before they are made, and
+the limit is in force during a run for kernels that check what they make. What cannot be
+allocated (the arena, an output) is an NnrunError naming it and its size, never a bare
+MemoryError.
 """
 
 import mmap
@@ -12,7 +18,8 @@ import time
 
 import numpy as np
 
-from ..errors import ExecutionError, located
+from .. import size_limit
+from ..errors import ExecutionError, SizeLimitError, located
 from ..ops.registry import info_of
 from ..paging import DIRECT_IO_ALIGNMENT, round_up, storage_bytes
 from .band import run_banded
@@ -23,12 +30,14 @@ from .spill import SpillFile
 class ArenaState:
     """One arena buffer and the slot table with every arena view made once."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, limit):
         spills = plan.streaming.spills if plan.streaming is not None else ()
         if spills:  # page-aligned, for the spill file's direct I/O
-            self.arena = np.frombuffer(mmap.mmap(-1, max(plan.arena_bytes, 1)), np.uint8)[:plan.arena_bytes]
+            self.arena = _allocate("the arena", plan.arena_bytes, limit, lambda: np.frombuffer(
+                mmap.mmap(-1, max(plan.arena_bytes, 1)), np.uint8)[:plan.arena_bytes])
         else:
-            self.arena = np.empty(plan.arena_bytes, dtype=np.uint8)
+            self.arena = _allocate("the arena", plan.arena_bytes, limit,
+                                   lambda: np.empty(plan.arena_bytes, dtype=np.uint8))
         table = [None] * len(plan.slot_names)
         for slot, value in plan.constants.items():
             table[slot] = value.array() if hasattr(value, "array") else value
@@ -48,7 +57,8 @@ class ArenaState:
         # activations that live there.
         streaming = plan.streaming
         area = streaming.band_area_bytes if streaming is not None else 0
-        self.band_area = np.frombuffer(mmap.mmap(-1, area), np.uint8) if area else None
+        self.band_area = _allocate("the band area", area, limit, lambda: np.frombuffer(
+            mmap.mmap(-1, area), np.uint8)) if area else None
         self.spill_file = SpillFile() if spills or area else None
 
 
@@ -63,10 +73,15 @@ class RunIO:
 
 
 class Executor:
-    """Runs a Plan; thread-safe: concurrent runs take different ArenaStates."""
+    """Runs a Plan; thread-safe: concurrent runs take different ArenaStates.
 
-    def __init__(self, plan):
+    `max_tensor_bytes` bounds what a run's values may make an eager step allocate (None: the
+    limit in force when the executor is made, see size_limit.py).
+    """
+
+    def __init__(self, plan, max_tensor_bytes=None):
         self.plan = plan
+        self.max_tensor_bytes = size_limit.current() if max_tensor_bytes is None else max_tensor_bytes
         # slot -> position of the step that writes it (feeds and constants: none)
         self._producer = {slot: pos for pos, step in enumerate(plan.steps) for slot in step.outputs if slot >= 0}
         self._free = []
@@ -93,7 +108,7 @@ class Executor:
         with self._lock:
             if self._free:
                 return self._free.pop()
-        return ArenaState(self.plan)
+        return ArenaState(self.plan, self.max_tensor_bytes)
 
     def _give(self, state):
         with self._lock:
@@ -133,10 +148,11 @@ class Executor:
         you keep); `stop_after`, a step position, ends the run after that step, and the
         results then hold only the graph outputs computed by then.
         """
-        if self._budgeted is not None:
-            with self._budgeted:
-                return self._run(feeds, profile, trace, stop_after, into)
-        return self._run(feeds, profile, trace, stop_after, into)
+        with size_limit.in_force(self.max_tensor_bytes):  # for kernels that check what values decide
+            if self._budgeted is not None:
+                with self._budgeted:
+                    return self._run(feeds, profile, trace, stop_after, into)
+            return self._run(feeds, profile, trace, stop_after, into)
 
     def _run(self, feeds, profile, trace, stop_after, into=None):
         plan = self.plan
@@ -146,8 +162,12 @@ class Executor:
             env.append(None)  # slot -1, an omitted input or output, reads None
             for name, (slot, _, _) in plan.feeds.items():
                 env[slot] = feeds[name]
-            for slot, (shape, dtype) in plan.fresh.items():
-                env[slot] = np.empty(shape, dtype)
+            try:
+                for slot, (shape, dtype) in plan.fresh.items():
+                    env[slot] = np.empty(shape, dtype)
+            except MemoryError as e:
+                raise _out_of_memory(f"output {plan.slot_names[slot]!r}", _nbytes(shape, dtype),
+                                     self.max_tensor_bytes, e) from e
             if into:
                 _write_into(plan, into, env)
             # inf and NaN are values like any other here, as in onnxruntime: no warnings.
@@ -233,7 +253,7 @@ class Executor:
     def _eager(self, position, step, env):
         kernel = self._take_kernel(position, step)
         try:
-            _run_eager(step, kernel, env)
+            _run_eager(step, kernel, env, self.max_tensor_bytes)
         finally:
             with self._lock:
                 self._eager_kernels[position].append(kernel)
@@ -304,18 +324,26 @@ def _bind(step):
     return _KERNEL, step.kernel.run, tuple(step.inputs), tuple(step.outputs), tuple(step.scratch)
 
 
-def _run_eager(step, kernel, env):
+def _run_eager(step, kernel, env, limit):
     """A step whose shapes depend on values known only now: infer, prepare, allocate, run.
 
     The kernel is this run's alone; the outputs are new arrays (never views of
     the arena, whose bytes later steps may reuse), sequences (tuples of arrays)
-    or empty optionals (None): those never live in the arena.
+    or empty optionals (None): those never live in the arena. Outputs and scratch are
+    checked against `limit` (max_tensor_bytes) before they are made.
     """
     args = [env[i] if i >= 0 else None for i in step.inputs]
     infos = [info_of(a) for a in args]
     inferred = kernel.shape_rule(*infos)
     out_infos = list(inferred)[:len(step.outputs)]
-    scratch = tuple(np.empty(s, d) for s, d in kernel.ready(inferred.derived, *infos))
+    for k, info in enumerate(out_infos):
+        if info.shape is not None:
+            name = step.node.outputs[k] if k < len(step.node.outputs) else ""
+            size_limit.tensor_bytes(info.shape, info.dtype, f"output {name or k!r}", limit)
+    spec = kernel.ready(inferred.derived, *infos)
+    for k, (s, d) in enumerate(spec):
+        size_limit.tensor_bytes(s, d, f"scratch {k}", limit)
+    scratch = tuple(np.empty(s, d) for s, d in spec)
     args = [None if k in kernel.packed else a for k, a in enumerate(args)]
     # A shape of None: known only once the kernel has run (a Loop's scan outputs, a
     # sequence); the kernel then returns that output instead of writing it.
@@ -329,6 +357,33 @@ def _run_eager(step, kernel, env):
     for o, out in zip(step.outputs, outs):
         if o >= 0:
             env[o] = out
+
+
+def _nbytes(shape, dtype):
+    n = np.dtype(dtype).itemsize
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _allocate(what, nbytes, limit, make):
+    """make(), which allocates `nbytes` for `what`; memory that cannot be had is an NnrunError
+    naming them (see _out_of_memory)."""
+    try:
+        return make()
+    except (MemoryError, OSError) as e:  # numpy's MemoryError; ENOMEM from an anonymous mmap
+        raise _out_of_memory(what, nbytes, limit, e) from e
+
+
+def _out_of_memory(what, nbytes, limit, e):
+    """The error for `nbytes` of `what` that could not be allocated: SizeLimitError beyond `limit`
+    (max_tensor_bytes), else ExecutionError."""
+    if nbytes > limit:
+        error = SizeLimitError(f"cannot allocate {what} of {nbytes:,} bytes, beyond max_tensor_bytes "
+                               f"({limit:,}): {type(e).__name__}: {e}")
+    else:
+        error = ExecutionError(f"cannot allocate {what} of {nbytes:,} bytes: {type(e).__name__}: {e}")
+    return located(error, "EXECUTE")
 
 
 def _returned(value):

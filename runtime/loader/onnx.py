@@ -34,7 +34,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
-from .. import ir
+from .. import ir, size_limit
 from ..errors import MalformedModelError, ModelError
 from ..weights import ExternalData, check_extent, weight_array
 from .mapped import MappedFile
@@ -721,6 +721,7 @@ class _Builder:
         dims = tuple(sparse.dims)
         if any(d < 0 for d in dims) or len(dims) > MAX_RANK:
             raise ModelError(f"{what}: invalid shape {list(dims)}")
+        size_limit.tensor_bytes(dims, values.dtype, what)  # SessionOptions.max_tensor_bytes
         count = _element_count(dims, MAX_DENSE_BYTES // values.dtype.itemsize)
         if count is None:
             raise ModelError(f"{what}: dense shape {list(dims)} exceeds {MAX_DENSE_BYTES} bytes")

@@ -17,6 +17,7 @@ output shape and lets numpy choose the contraction path once.
 
 import numpy as np
 
+from .. import size_limit
 from .registry import Inferred, Kernel, TensorInfo, register
 from .shape import INT64, int_list, known_value, normalize_axis, sane_shape
 
@@ -142,7 +143,11 @@ class NonZero(Kernel):
     def infer(self, x):
         if x.value is None:
             self.needs_value("X")
-        return [TensorInfo.of(nonzero(np.asarray(x.value)))]
+        value = np.asarray(x.value)
+        # A rank-r input makes r int64 indices per nonzero element: counted before they are made.
+        size_limit.tensor_bytes((max(value.ndim, 1), np.count_nonzero(value)), INT64,
+                                f"output {self.node.outputs[0]!r}")
+        return [TensorInfo.of(nonzero(value))]
 
     def run(self, x, outs, scratch):
         return nonzero(x)
@@ -155,7 +160,11 @@ class Unique(Kernel):
     def infer(self, x):
         if x.value is None:
             self.needs_value("X")
-        return [TensorInfo.of(v) for v in self.unique(np.asarray(x.value))]
+        value = np.asarray(x.value)
+        # An int64 index per element (or slice along the axis): counted before it is made.
+        axis = None if self.axis is None else normalize_axis(self.node, self.axis, value.ndim)
+        size_limit.tensor_bytes((value.size if axis is None else value.shape[axis],), INT64, "the indices")
+        return [TensorInfo.of(v) for v in self.unique(value)]
 
     def unique(self, x):
         axis = None if self.axis is None else normalize_axis(self.node, self.axis, x.ndim)

@@ -10,13 +10,14 @@ executor makes the view itself; their `run` returns that view for folding.
 
 Also home of the small helpers the other families share: `where` (how an error
 names the node), `normalize_axis(es)`, `known_value`/`int_list` (inputs that must
-be constant at PREPARE), `sane_shape` (refuse absurd sizes a file asks for) and
-`onnx_dtype`.
+be constant at PREPARE), `sane_shape` (refuse sizes beyond max_tensor_bytes, see
+size_limit.py, before a rule makes anything of them) and `onnx_dtype`.
 """
 
 import numpy as np
 from onnx import helper as onnx_helper
 
+from .. import size_limit
 from ..errors import ModelError
 from ..weights import weight_array
 from .registry import REQUIRED, Inferred, Kernel, NeedsValueError, TensorInfo, register
@@ -76,18 +77,12 @@ def int_list(node, info, what):
     return [int(v) for v in value.reshape(-1)]
 
 
-# No tensor a file asks for may be larger than this: a bigger one is a hostile or broken model.
-MAX_TENSOR_BYTES = 1 << 36
-
-
 def sane_shape(node, shape, dtype):
-    """`shape` as a tuple of ints, or ModelError when it is negative or absurdly large."""
+    """`shape` (of the node's first output) as a tuple of Python ints; ModelError when a dim is
+    negative, SizeLimitError when the tensor would be larger than max_tensor_bytes (the limit in
+    force, size_limit.py)."""
     shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ModelError(f"negative dimension in shape {list(shape)}")
-    if size_of(shape) * np.dtype(dtype).itemsize > MAX_TENSOR_BYTES:
-        raise ModelError(f"output shape {list(shape)} of {np.dtype(dtype)} is larger "
-                         f"than {MAX_TENSOR_BYTES >> 30} GiB")
+    size_limit.tensor_bytes(shape, dtype, f"output {node.outputs[0]!r}" if node.outputs else "the output")
     return shape
 
 

@@ -265,7 +265,7 @@ def test_window_size_must_be_sane():
     size = numpy_helper.from_array(np.array(1 << 40, np.int64), "size")
     model = make_model([node], [], [("y", None)], opset=17)
     model.graph.initializer.append(size)
-    with pytest.raises(nnrun.ModelError, match="larger than"):
+    with pytest.raises(nnrun.SizeLimitError, match="beyond max_tensor_bytes"):
         run_nnrun(model, {})
 
 
