@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import size_limit
 from . import parallel
 from .activation import apply_activation
 
@@ -67,6 +68,14 @@ CACHE_TILE = 256 * 1024
 
 # Kernels are planned tap by tap; a window with more taps than this is not a real model's.
 MAX_TAPS = 1 << 16
+# A plan holds the slices of every kernel tap over every tile, made in Python at PREPARE (some
+# 40 us each): past this many, tiles grow beyond the scratch limit instead, so that planning a
+# convolution takes a bounded time whatever its size. A convolution of 3x3 taps reaches it past
+# 3,640 tiles, whose columns would take 15 GB.
+MAX_PLAN_SLICES = 1 << 15
+# Positions along an axis, padding included, stay below this: int64 index arithmetic (the
+# averages' divisors) never overflows, and no real tensor comes near it.
+MAX_EXTENT = 1 << 62
 
 CHANNELS_FIRST = "NCHW"
 CHANNELS_LAST = "NHWC"
@@ -140,6 +149,8 @@ def make_window(in_spatial, kernel, strides=None, dilations=None, pads=None, aut
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = tuple(-(-i // s) for i, s in zip(in_spatial, strides))
         total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, extents, in_spatial)]
+        if any(i + t >= MAX_EXTENT for i, t in zip(in_spatial, total)):
+            raise ValueError(f"the padded input ({[i + t for i, t in zip(in_spatial, total)]}) is longer than 2**62")
         small = [t // 2 for t in total]
         large = [t - t // 2 for t in total]
         begin, end = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
@@ -147,6 +158,8 @@ def make_window(in_spatial, kernel, strides=None, dilations=None, pads=None, aut
     begin, end = _explicit_pads(pads if auto_pad != "VALID" else None, rank)
     out = []
     for i, e, s, b, f in zip(in_spatial, extents, strides, begin, end):
+        if i + b + f >= MAX_EXTENT:
+            raise ValueError(f"the padded input ({i} + {b} + {f}) is longer than 2**62")
         span = i + b + f - e
         if span < 0:
             raise ValueError(f"the window ({e}) is larger than the padded input ({i + b + f})")
@@ -260,10 +273,12 @@ def tile_taps(window, r0, r1):
     return taps
 
 
-def _row_tiles(rows, row_bytes, limit):
+def _row_tiles(rows, row_bytes, limit, taps=1):
+    """Tiles of `rows` output rows of `row_bytes` each within `limit`, at most
+    MAX_PLAN_SLICES / `taps` of them: ([(r0, r1)...], rows per tile)."""
     per_tile = max(1, min(rows, limit // max(1, row_bytes)))
     # Even tiles: the last one is not a sliver that costs a whole GEMM call.
-    count = -(-rows // per_tile)
+    count = min(-(-rows // per_tile), max(1, MAX_PLAN_SLICES // max(1, taps)))
     per_tile = -(-rows // count)
     return [(r0, min(rows, r0 + per_tile)) for r0 in range(0, rows, per_tile)], per_tile
 
@@ -337,7 +352,15 @@ def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FI
     rest = math.prod(window.out_spatial[1:])
     row_bytes = c_in_g * taps * rest * dtype.itemsize
     rows = window.out_spatial[0] if window.out_spatial else 1
-    ranges, per_tile = _row_tiles(rows, row_bytes, scratch_limit)
+    ranges, per_tile = _row_tiles(rows, row_bytes, scratch_limit, taps)
+    scratch = c_in_g * taps * rest * per_tile
+    size_limit.tensor_bytes((scratch,), dtype, "the column buffer")  # before any tile is planned
+    if layout == CHANNELS_FIRST and len(ranges) == 1 and (scratch <= WINDOW_COPY_ELEMS or taps >= WINDOW_COPY_TAPS):
+        windows = _window_copy(window)
+        padded = math.prod(windows.padded) * c_in_g if windows.padded is not None else 0
+        size_limit.tensor_bytes((scratch + padded,), dtype, "the padded image and its columns")
+        tile = ConvTile(ranges[0], (c_in_g, *window.kernel, rows, *window.out_spatial[1:]), (), ())
+        return ConvPlan(window, layout, c_in, c_out, group, "gemm-windows", (tile,), scratch + padded, dtype, windows)
     flat = _flat_rows(window, layout)
     tiles = []
     for r0, r1 in ranges:
@@ -361,12 +384,6 @@ def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FI
                 copies.append((slot(t.dst), _channel_index(layout, t.src)))
             zeros.extend(slot(g) for g in t.gaps)
         tiles.append(ConvTile((r0, r1), cols_shape, tuple(copies), tuple(zeros)))
-    scratch = c_in_g * taps * rest * per_tile
-    if layout == CHANNELS_FIRST and len(ranges) == 1 and (scratch <= WINDOW_COPY_ELEMS or taps >= WINDOW_COPY_TAPS):
-        windows = _window_copy(window)
-        padded = math.prod(windows.padded) * c_in_g if windows.padded is not None else 0
-        tile = ConvTile(ranges[0], tiles[0].cols_shape, (), ())
-        return ConvPlan(window, layout, c_in, c_out, group, "gemm-windows", (tile,), scratch + padded, dtype, windows)
     return ConvPlan(window, layout, c_in, c_out, group, "gemm" if not flat else "gemm-flat",
                     tuple(tiles), scratch, dtype)
 
@@ -794,10 +811,12 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
             return ConvPlan(window, layout, c, c_out, c, "depthwise", DepthwisePlan(grid, block),
                             per_channel * block, dtype)
         padded, inside = _padded_image(window)
-        ranges, per_tile = _row_tiles(window.out_spatial[0], c_out * rest * dtype.itemsize, CACHE_TILE)
+        ranges, per_tile = _row_tiles(window.out_spatial[0], c_out * rest * dtype.itemsize, CACHE_TILE,
+                                      window.taps)
+        images = c * math.prod(padded) + c_out * math.prod(window.out_spatial) + c_out * rest * per_tile
+        size_limit.tensor_bytes((images,), dtype, "the transposed images")  # before any tile is planned
         tiles = tuple(((r0, r1), tuple((tap, _tap_rows(window, tap, r0, r1)) for tap in np.ndindex(*window.kernel)))
                       for r0, r1 in ranges)
-        images = c * math.prod(padded) + c_out * math.prod(window.out_spatial) + c_out * rest * per_tile
         return ConvPlan(window, layout, c, c_out, c, "depthwise", TransposedDepthwise(padded, inside, tiles),
                         images, dtype)
     # Channels last: a tap's window is (rows, width*channels), long contiguous runs already.
@@ -812,7 +831,7 @@ def _channels_last_tiles(window, row_bytes, with_taps):
     With taps (depthwise), the indices leave room for the multiplier axis after the channels.
     """
     lead = (slice(None),) if with_taps else ()
-    ranges, per_tile = _row_tiles(window.out_spatial[0], row_bytes, CACHE_TILE)
+    ranges, per_tile = _row_tiles(window.out_spatial[0], row_bytes, CACHE_TILE, window.taps)
     tiles = []
     for r0, r1 in ranges:
         first, others = None, []
@@ -1020,6 +1039,8 @@ def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_
         raise ValueError(f"group {group} does not divide {c_in} input and {c_out} output channels")
     c_out_g = c_out // group
     out_spatial = window.in_spatial
+    if math.prod(window.strides) > MAX_TAPS:
+        raise ValueError(f"strides {list(window.strides)} make more than {MAX_TAPS} phase planes")
     direct = all(s == 1 for s in window.strides)
     # The phase planes: one per residue tuple, of the outputs congruent to it.
     phases, index_of, plane_elems = [], {}, 0
@@ -1033,7 +1054,10 @@ def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_
         else c_out_g
     in_rest = math.prod(window.out_spatial[1:])
     row_bytes = block * window.taps * in_rest * dtype.itemsize
-    ranges, per_tile = _row_tiles(window.out_spatial[0], row_bytes, scratch_limit - scratch_limit // 2)
+    ranges, per_tile = _row_tiles(window.out_spatial[0], row_bytes, scratch_limit - scratch_limit // 2,
+                                  window.taps)
+    cols_elems = block * window.taps * in_rest * per_tile
+    size_limit.tensor_bytes((cols_elems + block * planes_per_channel,), dtype, "the column buffer and phase planes")
     tiles = []
     for r0, r1 in ranges:
         cols_shape = (block, *window.kernel, r1 - r0, *window.out_spatial[1:])
@@ -1046,7 +1070,6 @@ def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_
                           for s, step in zip(t.src, window.strides))
             adds.append(((slice(None),) + t.tap + t.dst, index_of[residue], (slice(None),) + plane))
         tiles.append(((r0, r1), cols_shape, tuple(adds)))
-    cols_elems = block * window.taps * in_rest * per_tile
     return TransposePlan(window, c_in, c_out, group, block, tuple(phases), tuple(tiles), cols_elems,
                          cols_elems + block * planes_per_channel, dtype)
 
@@ -1165,17 +1188,22 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
 
 
 def _pool_counts(window, count_include_pad):
-    """How many taps of each output's window are counted: a product of one count per axis."""
+    """How many taps of each output's window are counted: a product of one count per axis.
+
+    Along an axis, output o counts the taps k in [0, kernel) whose position o*stride +
+    k*dilation - pad_begin lies in [lo, hi): the input, or with count_include_pad the padded
+    input. Those k form a range, counted without a (outputs x taps) array.
+    """
+    size_limit.tensor_bytes(window.out_spatial, np.int64, "the average's divisors")
     counts = np.ones((), np.int64)
     for d in range(len(window.in_spatial)):
-        o = np.arange(window.out_spatial[d])[:, None]
-        k = np.arange(window.kernel[d])[None, :]
-        pos = o * window.strides[d] + k * window.dilations[d] - window.pads_begin[d]
-        if count_include_pad:
-            inside = (pos >= -window.pads_begin[d]) & (pos < window.in_spatial[d] + window.pads_end[d])
-        else:
-            inside = (pos >= 0) & (pos < window.in_spatial[d])
-        counts = np.multiply.outer(counts, inside.sum(axis=1))
+        pad, dilation = window.pads_begin[d], window.dilations[d]
+        lo, hi = (-pad, window.in_spatial[d] + window.pads_end[d]) if count_include_pad \
+            else (0, window.in_spatial[d])
+        start = np.arange(window.out_spatial[d], dtype=np.int64) * window.strides[d] - pad
+        first = np.maximum(-((start - lo) // dilation), 0)  # ceil((lo - start) / dilation)
+        last = np.minimum((hi - 1 - start) // dilation, window.kernel[d] - 1)
+        counts = np.multiply.outer(counts, np.maximum(last - first + 1, 0))
     return np.maximum(counts, 1)
 
 

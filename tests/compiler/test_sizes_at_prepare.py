@@ -1,6 +1,6 @@
 """Sizes a model file fixes, checked at PREPARE against max_tensor_bytes before anything of that size
 is allocated or looped over (compiler/build.py infer_shapes and prepare_kernels, the shape rules'
-sane_shape): hostile one-node models, each refused with a SizeLimitError
+sane_shape, the convolution planner): hostile one-node models, each refused with a SizeLimitError
 naming the node, the shape, the bytes and the limit, and quickly (the bound below is a hang check
 with room for a loaded machine, not a speed measurement)."""
 
@@ -101,6 +101,26 @@ def test_dims_whose_int64_product_wraps_are_refused_by_default():
     model = one_node("Expand", ["x", "s"], [("x", np.float32, [1])], [("s", i64(1 << 62, 1 << 62, 4))])
     message = refused(model, limit=None)
     assert f"[{1 << 62}, {1 << 62}, 4] float32 would take {1 << 128:,} bytes" in message
+
+
+def test_conv_padded_image_is_refused_before_planning():
+    """Pads 2^30 with strides 2^30 give a 3x3 output, but the padded image the columns are cut
+    from would be 2^62 elements: refused when the kernel is prepared, before any tile is planned."""
+    model = one_node("Conv", ["x", "w"], X4, W3, pads=[1 << 30] * 4, strides=[1 << 30] * 2)
+    message = refused(model)
+    assert message.startswith("PREPARE/prepare_kernels: node 'hostile' (Conv, #0): ")
+    assert "beyond max_tensor_bytes" in message
+
+
+def test_conv_of_many_taps_and_rows_is_refused_before_planning():
+    """65,536 taps over a million output rows: a plan of a tile per few rows would hold 2^32 tap
+    slices (hours of PREPARE); tiles grow instead, and their columns are refused at once."""
+    model = one_node("Conv", ["x", "w"], [("x", np.float32, [1, 1, 1 << 20, 256])],
+                     [("w", np.ones((1, 1, 256, 256), np.float32))])
+    message = refused(model)
+    assert message.startswith("PREPARE/prepare_kernels: node 'hostile' (Conv, #0): the column buffer of shape ")
+    assert "beyond max_tensor_bytes" in message
+
 
 
 def test_pool_kernel_of_2_40_is_a_model_error():

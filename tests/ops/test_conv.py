@@ -430,3 +430,31 @@ def test_depthwise_conv_float16_is_rounded_once(x_shape, k):
         for j in range(kernel[1]):
             exact += padded[:, :, i:i + y.shape[2], j:j + y.shape[3]] * w[:, 0, i, j].astype(np.float64)[:, None, None]
     assert np.all(np.abs(y.astype(np.float64) - exact) <= np.spacing(np.abs(exact).astype(np.float16)))
+
+
+@pytest.mark.parametrize("layout", [conv_core.CHANNELS_FIRST, conv_core.CHANNELS_LAST])
+def test_tiles_grow_rather_than_the_plan(monkeypatch, layout):
+    """A plan holds at most MAX_PLAN_SLICES tap slices (tiles x taps), each made in Python at
+    PREPARE: past it, tiles grow beyond the scratch limit, so that planning takes a bounded time
+    whatever the file says. The numbers stay onnxruntime's."""
+    monkeypatch.setattr(conv_core, "MAX_PLAN_SLICES", 27)
+    x, w = _data((2, 3, 11, 9)), _data((5, 3, 3, 3), 1)
+    window = conv_core.make_window((11, 9), (3, 3), pads=[1, 1, 1, 1])
+    plan = conv_core.conv_plan(window, 3, 5, layout=layout, scratch_limit=64)  # else a tile per row
+    assert len(plan.tiles) == 3
+    if layout == conv_core.CHANNELS_FIRST:
+        out = np.empty((2, 5, 11, 9), np.float32)
+        conv_core.conv(x, w, None, out, plan)
+    else:
+        out = np.empty((2, 11, 9, 5), np.float32)
+        conv_core.conv(x.transpose(0, 2, 3, 1).copy(), w.transpose(0, 2, 3, 1).copy(), None, out, plan)
+        out = out.transpose(0, 3, 1, 2)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], [("x", x)], [("y", None)],
+                       [("w", w)])
+    assert_close(out, run_onnxruntime(model, {"x": x})[0])
+
+
+def test_transposed_strides_of_too_many_phases_are_refused():
+    window = conv_core.make_transpose_window((2, 2), (3, 3), strides=(1 << 9, 1 << 9))
+    with pytest.raises(ValueError, match="more than 65536 phase planes"):
+        conv_core.conv_transpose_plan(window, 1, 1)
