@@ -7,9 +7,9 @@ except what a kernel cannot avoid.
 
 Sizes were checked at PREPARE against max_tensor_bytes (size_limit.py), except those a run's
 values decide: an eager step's outputs and scratch are checked here before they are made, and
-the limit is in force during a run for kernels that check what they make. What cannot be
-allocated (the arena, an output) is an NnrunError naming it and its size, never a bare
-MemoryError.
+the limit is in force during a run for kernels that check what they make (a Loop's scan
+outputs, sequences). What cannot be allocated (the arena, an output) is an NnrunError naming
+it and its size, never a bare MemoryError.
 """
 
 import mmap

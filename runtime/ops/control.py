@@ -20,6 +20,7 @@ whatever it holds, and the steps that read it run eagerly.
 
 import numpy as np
 
+from .. import size_limit
 from ..errors import NnrunError
 from .registry import REQUIRED, Kernel, SequenceInfo, TensorInfo, info_of, register
 
@@ -125,6 +126,12 @@ def _same(infos_a, infos_b):
                and tuple(a[0]) == tuple(b[0]) and a[1] == b[1] for a, b in zip(infos_a, infos_b))
 
 
+def _alike(values_a, values_b):
+    """Whether two lists of values are arrays of the same shapes and dtypes."""
+    return all(isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+               and a.dtype == b.dtype for a, b in zip(values_a, values_b))
+
+
 def _output_info(shape_dtype):
     """A body output's TensorInfo; one that only a run tells (a sequence, an optional): shape None."""
     if shape_dtype is None or shape_dtype[0] is None:
@@ -200,7 +207,7 @@ class Loop(ControlFlow):
         scan_infos = outs[1 + len(carried):]
         known = all(i is None or i.value is not None for i in regular[:2])
         trips = self._trip_count(m, cond, runs_to_the_end) if known else None
-        if stable and (not n_scan or trips is not None):
+        if stable and (not n_scan or trips is not None and all(o is not None for o in scan_infos)):
             return plain + [TensorInfo((trips, *shape), np.dtype(dtype))
                             for shape, dtype in scan_infos]
         if all(i is None or i.value is not None for i in regular):
@@ -210,6 +217,11 @@ class Loop(ControlFlow):
             return carried_infos + [TensorInfo(None, np.dtype(d) if d is not None else None)
                                     for d in (o[1] if o else None for o in scan_infos)]
         self.needs_value("M" if m is not None and m.value is None else "cond")
+
+    def _runs_to_the_end(self, carried, captured, constant_names):
+        """Whether the body's plan for these feeds cannot stop the loop (its cond output is True)."""
+        executor = self.bodies["body"].executor(self._feeds(0, carried), captured, constant_names)
+        return _constant_output(executor.plan, 0) is True
 
     @staticmethod
     def _trip_count(m, cond, runs_to_the_end):
@@ -223,20 +235,29 @@ class Loop(ControlFlow):
     def run(self, m, cond, *rest, outs, scratch):
         regular, captured = self.split((m, cond, *rest))
         captured, constant_names = self._captured(captured, self.constant_names)
-        carried = list(regular[2:])
+        carried = first = list(regular[2:])
         body = self.bodies["body"]
         n_scan = len(body.output_names) - 1 - len(carried)
-        limit = None if m is None else int(np.asarray(m).reshape(-1)[0])
+        trips = None if m is None else int(np.asarray(m).reshape(-1)[0])
         keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
         scans = [[] for _ in range(n_scan)]
+        scanned = 0  # bytes of the scan values so far
         i = 0
-        while keep_going and (limit is None or i < limit):
+        while keep_going and (trips is None or i < trips):
             results = body.run(self._feeds(i, carried), captured, constant_names)
             keep_going = bool(np.asarray(results[0]).reshape(-1)[0])
             carried = results[1:1 + len(carried)]
             for acc, value in zip(scans, results[1 + len(carried):]):
                 acc.append(value)
             i += 1
+            if n_scan:
+                scanned += sum(getattr(v, "nbytes", 0) for v in results[1 + len(carried):])
+                if i == 1 and trips is not None and trips > 1 and _alike(first, carried) \
+                        and self._runs_to_the_end(first, captured, constant_names):
+                    # Every iteration runs the same plan, which cannot stop the loop, and scans
+                    # values of these sizes: all of them are checked now, not after hours.
+                    size_limit.held_bytes(trips * n_scan, trips * scanned, f"the scan outputs of {trips:,} iterations")
+                size_limit.held_bytes(i * n_scan, scanned, f"the scan outputs after {i:,} iterations")
         stacked = []
         for k, acc in enumerate(scans):
             if acc:

@@ -7,10 +7,16 @@ the nodes that read it run eagerly too, their input known only per run. A tuple 
 never changed: SequenceInsert and SequenceErase make a new one. A tensor that enters
 a sequence is copied, since it may be a view of the arena whose bytes later steps reuse;
 one taken out of a sequence (SequenceAt) is the element itself, which nothing writes.
+
+A sequence a run makes is checked against max_tensor_bytes (size_limit.py) before it is made:
+its tensors' bytes and a header per tensor, so that neither a Loop that inserts without end
+nor a split into a billion pieces can take the memory.
 """
 
 import numpy as np
 from onnx import helper as onnx_helper
+
+from .. import size_limit
 
 from .control import ControlFlow
 from .registry import REQUIRED, Kernel, SequenceInfo, TensorInfo, register
@@ -32,6 +38,11 @@ def _position(kernel, position, length, name, end_allowed=False):
 def _own(x):
     """A tensor as a sequence keeps it: its own copy."""
     return np.array(x, copy=True)
+
+
+def _checked(count, nbytes):
+    """A sequence of `count` tensors of `nbytes` in all may be made (size_limit.held_bytes)."""
+    size_limit.held_bytes(count, nbytes, "the sequence")
 
 
 def _same_dtype(kernel, sequence, dtype):
@@ -63,6 +74,7 @@ class SequenceConstruct(Kernel):
         return [SequenceInfo(inputs[0].dtype)]
 
     def run(self, *inputs, outs, scratch):
+        _checked(len(inputs), sum(x.nbytes for x in inputs))
         return (tuple(_own(x) for x in inputs),)
 
 
@@ -75,6 +87,7 @@ class SequenceInsert(Kernel):
         _same_dtype(self, sequence, tensor.dtype)
         at = len(sequence) if position is None else _position(self, position, len(sequence), "position",
                                                                end_allowed=True)
+        _checked(len(sequence) + 1, sum(x.nbytes for x in sequence) + tensor.nbytes)
         return (sequence[:at] + (_own(tensor),) + sequence[at:],)
 
 
@@ -125,6 +138,7 @@ class SplitToSequence(Kernel):
         axis = self.axis % x.ndim
         n = x.shape[axis]
         if split is None:
+            _checked(n, x.nbytes)
             pieces = np.split(x, n, axis=axis) if n else []
             if not self.keepdims:
                 pieces = [np.squeeze(p, axis=axis) for p in pieces]
@@ -136,11 +150,13 @@ class SplitToSequence(Kernel):
             length = int(split)
             if length <= 0:
                 self.fail(f"split {length} must be positive")
+            _checked(-(-n // length), x.nbytes)
             lengths = [length] * (n // length) + ([n % length] if n % length else [])
         else:
             lengths = [int(v) for v in split]
             if any(v < 0 for v in lengths) or sum(lengths) != n:
                 self.fail(f"split {lengths} does not add up to dimension {axis}'s {n}")
+            _checked(len(lengths), x.nbytes)
         bounds = np.cumsum([0] + lengths)
         index = [slice(None)] * x.ndim
         pieces = []
@@ -165,6 +181,7 @@ class ConcatFromSequence(Kernel):
         rank = sequence[0].ndim + (1 if self.new_axis else 0)
         if not -rank <= self.axis < rank:
             self.fail(f"axis {self.axis} is out of range for rank {rank}")
+        size_limit.tensor_bytes((sum(x.size for x in sequence),), sequence[0].dtype, "the joined tensors")
         if self.new_axis:
             return (np.stack(sequence, axis=self.axis),)
         return (np.concatenate(sequence, axis=self.axis),)
@@ -193,9 +210,12 @@ class SequenceMap(ControlFlow):
         regular, captured = self.split(args)
         body = self.bodies["body"]
         results = [[] for _ in body.output_names]
+        made = 0  # bytes of the results so far
         for i in range(len(regular[0])):
             feeds = [x[i] if isinstance(x, tuple) else x for x in regular]
             for acc, value in zip(results, body.run(dict(zip(body.input_names, feeds)), captured,
                                                     self.constant_names)):
                 acc.append(value)
+                made += getattr(value, "nbytes", 0)
+            _checked((i + 1) * len(results), made)
         return tuple(tuple(acc) for acc in results)
