@@ -122,7 +122,6 @@ def test_conv_of_many_taps_and_rows_is_refused_before_planning():
     assert "beyond max_tensor_bytes" in message
 
 
-
 def test_pool_kernel_of_2_40_is_a_model_error():
     model = one_node("MaxPool", ["x"], X4, kernel_shape=[1 << 40, 1 << 40])
     assert "more than 65536 taps" in refused(model, error=nnrun.ModelError)
@@ -140,6 +139,28 @@ def test_loop_trip_count_with_a_scan_output_is_refused():
     model = one_node("Loop", ["M", ""], initializers=[("M", np.array(1 << 40, np.int64))], body=body)
     message = refused(model)
     assert "node 'hostile' (Loop, #0): output 'y' of shape [1099511627776] float32" in message
+
+
+def test_tflite_sparse_tensor_with_huge_dense_dims_is_refused():
+    """A sparse weight whose two dense levels span 2^20 x 2^20 elements: the index the densifying
+    walk would build is refused before it is made."""
+    from nnrun.ops.tflite.quantize import densify
+
+    sparsity = {"traversal_order": [0, 1], "block_map": [],
+                "dim_metadata": [{"format": "DENSE", "dense_size": 1 << 20},
+                                 {"format": "DENSE", "dense_size": 1 << 20}]}
+    started = time.perf_counter()
+    with nnrun.size_limit.in_force(LIMIT), pytest.raises(SizeLimitError, match="the sparse index of shape "
+                                                                               r"\[2, 1099511627776\] int64"):
+        densify(None, np.ones(4, np.float32), sparsity)
+    # A sparse dim whose index says 2^31: the dense tensor, 4 x (2^31 + 1) floats, is refused.
+    sparsity["dim_metadata"] = [{"format": "DENSE", "dense_size": 4},
+                                {"format": "SPARSE_CSR", "array_segments": np.array([0, 1, 1, 1, 1]),
+                                 "array_indices": np.array([1 << 31])}]
+    with nnrun.size_limit.in_force(LIMIT), pytest.raises(SizeLimitError, match=r"the dense tensor of shape "
+                                                                               r"\[4, 2147483649\] float32"):
+        densify(None, np.ones(1, np.float32), sparsity)
+    assert time.perf_counter() - started < HANG_BOUND_S
 
 
 def test_onnx_sparse_initializer_beyond_the_limit_is_refused_at_load():

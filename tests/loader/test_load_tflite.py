@@ -25,7 +25,8 @@ def tflite_model(tensors, operators, inputs, outputs, opcodes=("ADD",), buffers=
                  version=3, identifier=b"TFL3", appended=b""):
     """The bytes of a one-subgraph TFLite model.
 
-    tensors: dicts with name, shape, and optionally type, buffer, signature, scale/zero_point/axis.
+    tensors: dicts with name, shape, and optionally type, buffer, signature, scale/zero_point/axis,
+    and dense_sizes: the tensor is sparse, stored in dense levels of these sizes.
     operators: (opcode index, inputs, outputs[, options class name, {field: value}][, custom bytes]).
     opcodes: builtin names, or ("CUSTOM", code). buffers: data bytes, or (offset, size) for data
     stored after the flatbuffer (`appended`); buffer 0 is the empty one, added here.
@@ -66,6 +67,11 @@ def tflite_model(tensors, operators, inputs, outputs, opcodes=("ADD",), buffers=
             zero = b.CreateNumpyVector(np.asarray(t["zero_point"], dtype=np.int64))
             fields["Quantization"] = table("QuantizationParameters", Scale=scale, ZeroPoint=zero,
                                            QuantizedDimension=t.get("axis", 0))
+        if "dense_sizes" in t:
+            levels = [table("DimensionMetadata", Format=tflite.DimensionType.DENSE, DenseSize=n)
+                      for n in t["dense_sizes"]]
+            fields["Sparsity"] = table("SparsityParameters", TraversalOrder=ints(range(len(levels))),
+                                       DimMetadata=offsets(levels))
         tensor_tables.append(table("Tensor", **fields))
     op_tables = []
     for op in operators:
@@ -369,3 +375,27 @@ def test_mediapipe(name):
             sparsity = node.attrs["sparsity"]
             assert sparsity is g.tflite_sparsity[node.inputs[0]]
             assert len(sparsity["dim_metadata"]) == len(sparsity["traversal_order"])
+
+
+def test_sparse_tensor_of_huge_dense_dims_is_refused_before_densifying():
+    """A sparse weight of 4 stored values whose dense levels say 2^20 x 2^20: DENSIFY (at PREPARE)
+    refuses it before it builds anything of that size, naming the node and the limit."""
+    import time
+
+    import nnrun
+    from nnrun.errors import SizeLimitError
+
+    model = tflite_model(
+        tensors=[{"name": "w", "shape": [1 << 20, 1 << 20], "buffer": 1, "dense_sizes": [1 << 20, 1 << 20]},
+                 {"name": "dense", "shape": [1 << 20, 1 << 20]}],
+        operators=[(0, [0], [1])], inputs=[], outputs=[1], opcodes=("DENSIFY",),
+        buffers=[np.ones(4, np.float32).tobytes()])
+    options = nnrun.SessionOptions()
+    options.max_tensor_bytes = 1 << 30
+    started = time.perf_counter()
+    with pytest.raises(SizeLimitError) as e:
+        nnrun.InferenceSession(model, sess_options=options)
+    assert time.perf_counter() - started < 1.0  # a hang check, not a speed measurement
+    assert str(e.value).startswith("PREPARE/infer_shapes: node 'dense' (DENSIFY, #0): the sparse index of shape "
+                                   "[2, 1099511627776] int64 would take 17,592,186,044,416 bytes, beyond "
+                                   "max_tensor_bytes (1,073,741,824)")

@@ -1,11 +1,13 @@
 """Weights the file stores in another form, made float32 once at PREPARE in the shape rule:
 DEQUANTIZE of a constant (float16 or quantized) tensor and DENSIFY of a sparse one give a known
-value, so no step runs for them and their mapped source pages are released.
+value, so no step runs for them and their mapped source pages are released. What they make is
+checked against max_tensor_bytes (size_limit.py) first: the file says how large it is.
 """
 
 
 import numpy as np
 
+from ... import size_limit
 from ..registry import Inferred, Kernel, TensorInfo
 from .common import tfl
 
@@ -27,6 +29,7 @@ class Dequantize(Kernel):
                 shape[q.get("axis", 0)] = -1
             scale, zero_point = scale.reshape(shape), zero.reshape(shape)
         if x.value is not None:  # converted now: no step runs for it
+            size_limit.tensor_bytes(x.shape, np.float32, "the dequantized weight")
             out = np.empty(x.shape, np.float32)
             self.convert(x.value, out, scale, zero_point)
             return [TensorInfo(tuple(x.shape), np.dtype(np.float32), out)]
@@ -81,6 +84,7 @@ def densify(kernel, values, sparsity, dense_shape=None):
         meta = metadata[level]
         if meta["format"] == "DENSE":
             n = int(meta["dense_size"])
+            _index_checked(len(order), positions.size * n)
             new_pos = (positions[:, None] * n + np.arange(n)[None, :]).reshape(-1)
             coords = np.repeat(coords, n, axis=1)
             coords[dim] = np.tile(np.arange(n), positions.size)
@@ -90,6 +94,9 @@ def densify(kernel, values, sparsity, dense_shape=None):
             indices = np.asarray(meta["array_indices"], np.int64)
             starts, stops = segments[positions], segments[positions + 1]
             counts = stops - starts
+            if counts.size and counts.min() < 0:
+                kernel.fail("sparsity array_segments decrease")
+            _index_checked(len(order), int(counts.sum()))
             coords = np.repeat(coords, counts, axis=1)
             new_pos = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)]) if counts.size \
                 else np.zeros(0, np.int64)
@@ -112,8 +119,14 @@ def densify(kernel, values, sparsity, dense_shape=None):
             c = c + coords[rank + block_map.index(d)]
         dense_coords.append(c)
         shape.append(sizes[d] * b)
+    size_limit.tensor_bytes(shape, values.dtype, "the dense tensor")
     dense = np.zeros(shape, values.dtype)
     if values.size < positions.size:
         kernel.fail("sparse values are fewer than the sparsity parameters index")
     dense[tuple(dense_coords)] = values.reshape(-1)[positions]
     return dense
+
+
+def _index_checked(levels, count):
+    """The walk's coordinates of `count` elements over `levels` levels may be made."""
+    size_limit.tensor_bytes((levels, count), np.int64, "the sparse index")
