@@ -184,7 +184,10 @@ class Executor:
                     continue
                 value = env[slot]
                 owned = slot in plan.fresh or slot in plan.dynamic
-                results[name] = value if owned else np.array(value, copy=True)
+                try:
+                    results[name] = value if owned else np.array(value, copy=True)
+                except MemoryError as e:
+                    raise _out_of_memory(f"output {name!r}", value.nbytes, self.max_tensor_bytes, e) from e
             return results
         finally:
             self._give(state)
