@@ -141,3 +141,12 @@ def located(error, phase, pass_name=None, node=None):
     found.args = (f"{where}: {message}",)
     found.where = where
     return found
+
+
+def raise_located(error, phase, pass_name=None, node=None):
+    """Raise `located(error, ...)` from `error`, or `error` itself when it was located already
+    (raising it from itself would make it its own cause, a loop for whatever walks the chain)."""
+    found = located(error, phase, pass_name, node)
+    if found is error:
+        raise error
+    raise found from error

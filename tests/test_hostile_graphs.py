@@ -174,3 +174,25 @@ def test_a_contrib_node_with_too_many_inputs_is_refused_by_name():
         onnxruntime(data)
     with pytest.raises(nnrun.ModelError, match="node 'g' \\(Gelu, #0\\): Gelu takes 1 input, the node has 3"):
         nnrun.InferenceSession(data)
+
+
+def test_an_error_inside_a_loop_body_is_not_its_own_cause():
+    """Located once in the body and passed up through the Loop: the chain of causes ends."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Reshape", ["x", "s"], ["o"], name="bad")],
+        "body", [tensor("i", [], TensorProto.INT64), tensor("c", [], TensorProto.BOOL)],
+        [tensor("c2", [], TensorProto.BOOL), tensor("o", None)])
+    data = model([helper.make_node("Loop", ["M", ""], ["y"], body=body, name="loop")],
+                 [tensor("x", [6]), tensor("s", [1], TensorProto.INT64), tensor("M", [], TensorProto.INT64)],
+                 [tensor("y", None)])
+    feeds = {"x": np.ones(6, np.float32), "s": np.array([4]), "M": np.array(2)}
+    with pytest.raises(Exception):  # the oracle refuses the reshape too
+        onnxruntime(data).run(None, feeds)
+    with pytest.raises(nnrun.NnrunError) as raised:
+        nnrun.InferenceSession(data).run(None, feeds)
+    assert "node 'bad' (Reshape, #1)" in str(raised.value)
+    seen, error = set(), raised.value
+    while error is not None:
+        assert id(error) not in seen, "an error in its own chain of causes"
+        seen.add(id(error))
+        error = error.__cause__

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import ops, size_limit
 from ..cache_file import in_cache_file
-from ..errors import ModelError, UnsupportedOperatorError, located
+from ..errors import ModelError, UnsupportedOperatorError, raise_located
 from ..ir import Graph
 from ..memory_limit import anonymous_bytes
 from ..ops.conv_core import scratch_limit
@@ -307,7 +307,7 @@ def infer_shapes(nodes, context, fold, inline=True, limit=None):
                 pass_name = "fold_constants"
                 out_infos = fold_constants(kernel, derived, in_infos, out_infos, limit)
         except Exception as e:  # noqa: BLE001 - every failure must name the node
-            raise located(e, "PREPARE", pass_name, node) from e
+            raise_located(e, "PREPARE", pass_name, node)
         if context.packer is not None:
             out_infos = _kept_in_cache(context.packer, node, in_infos, out_infos)
         for name, info in zip(node.outputs, out_infos):
@@ -395,7 +395,7 @@ def prepare_kernels(shaped, context, limit=None):
                 for k, (s, d) in enumerate(spec):
                     size_limit.tensor_bytes(s, d, f"scratch {k}", limit)
             except Exception as e:  # noqa: BLE001
-                raise located(e, "PREPARE", "prepare_kernels", step.node) from e
+                raise_located(e, "PREPARE", "prepare_kernels", step.node)
             scratch = tuple((tuple(s), np.dtype(d)) for s, d in spec)
         steps.append(PreparedStep(step.node, step.kernel, step.inputs, step.outputs, step.derived, scratch))
     return Prepared(tuple(steps), shaped.infos)

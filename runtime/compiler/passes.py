@@ -12,7 +12,7 @@ raises: `PREPARE/fold_batchnorm: node 'bn3' (BatchNormalization, #41): ...`.
 import time
 from dataclasses import dataclass
 
-from ..errors import ModelError, located
+from ..errors import ModelError, raise_located
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,6 @@ class PassRunner:
         try:
             return function(*args)
         except Exception as e:  # noqa: BLE001 - every failure must say where
-            raise located(e, "PREPARE", name) from e
+            raise_located(e, "PREPARE", name)
         finally:
             self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - started) * 1e3

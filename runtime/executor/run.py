@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from .. import size_limit
-from ..errors import ExecutionError, SizeLimitError, located
+from ..errors import ExecutionError, SizeLimitError, located, raise_located
 from ..ops.registry import info_of
 from ..paging import DIRECT_IO_ALIGNMENT, round_up, storage_bytes
 from .band import run_banded
@@ -251,7 +251,7 @@ class Executor:
                 else:
                     self._eager(position, self.plan.steps[position], env)
         except Exception as e:  # noqa: BLE001 - every failure must name the node
-            raise located(e, "EXECUTE", None, self.plan.steps[position].node) from e
+            raise_located(e, "EXECUTE", None, self.plan.steps[position].node)
 
     def _eager(self, position, step, env):
         kernel = self._take_kernel(position, step)
@@ -293,7 +293,7 @@ class Executor:
                     if result is not None:
                         _store(result, outs)
             except Exception as e:  # noqa: BLE001 - every failure must name the node
-                raise located(e, "EXECUTE", None, step.node) from e
+                raise_located(e, "EXECUTE", None, step.node)
             if after is not None:
                 after(position)
             if profile is not None:
