@@ -204,10 +204,16 @@ def _feed_array(name, info, value):
         return array
     if array.dtype.kind == "O" and info.dtype.kind != "O":
         raise InputError(f"input {name!r}: expected {expected}, got an array of Python objects")
-    if array.dtype.newbyteorder("=") == info.dtype or (info.dtype.kind == "O" and array.dtype.kind in "US") or (
-            not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind")):
-        return array.astype(info.dtype)  # to native byte order, or from a Python value
-    raise InputError(f"input {name!r}: expected {expected}, got {type_name(array.dtype)}")
+    converts = (array.dtype.newbyteorder("=") == info.dtype  # to native byte order
+                or (info.dtype.kind == "O" and array.dtype.kind in "US")  # numpy strings to a string tensor
+                or (not isinstance(value, np.ndarray) and np.can_cast(array.dtype, info.dtype, "same_kind")))
+    if not converts:
+        raise InputError(f"input {name!r}: expected {expected}, got {type_name(array.dtype)}")
+    try:
+        return array.astype(info.dtype)
+    except MemoryError:
+        raise InputError(f"input {name!r}: no memory to convert the {array.nbytes:,} bytes given to "
+                         f"{expected}") from None
 
 
 class InferenceSession:
@@ -473,7 +479,13 @@ class InferenceSession:
                     if isinstance(want, int) and want >= 0 and want != got:
                         raise InputError(f"input {name!r}: dimension {axis} must be {want}, got "
                                          f"{got} (shape {list(array.shape)})")
-            feeds[name] = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+            if not array.flags.c_contiguous:
+                try:
+                    array = np.ascontiguousarray(array)
+                except MemoryError:
+                    raise InputError(f"input {name!r}: no memory for a contiguous copy of the "
+                                     f"{array.nbytes:,} bytes given (give a C-contiguous array)") from None
+            feeds[name] = array
         return feeds
 
     def discard_warmup(self):
