@@ -481,7 +481,15 @@ def build_plan(prepared, buffers, placement, context):
             if weight is not None and not copied:
                 kept[weight.id] = weight
 
-    def value_slot(name, kind=None):
+    value_slots = {}  # name -> its ValueSlot, made once: a value is written by one step and read by others
+
+    def value_slot(name):
+        found = value_slots.get(name)
+        if found is None:
+            found = value_slots[name] = _value_slot(name)
+        return found
+
+    def _value_slot(name, kind=None):
         info = infos.get(name)
         if kind is None:
             if name in feed_slots:
