@@ -201,7 +201,7 @@ class _Graph:
     def segment(self, steps):
         """The segment of `steps`, a range of indices between cuts, once every earlier step has run."""
         a, end, m = steps.start, steps.stop, len(steps)
-        sizes, pinned, last_read, producer = self.sizes, self.pinned, self.last_read, self.producer
+        sizes, pinned, last_read = self.sizes, self.pinned, self.last_read
         live = self.live_before[a]  # bytes written before the segment, still to be read (or pinned)
         preds, spike, adds, frees = [], [], [], []
         local_readers = {}  # buffer -> bitmask of the segment's steps that read it
