@@ -11,6 +11,7 @@ import datetime
 import gc
 import os
 import statistics
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -20,7 +21,7 @@ import numpy as np
 from . import ops
 from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
-from .errors import ExecutionError, InputError, NnrunError
+from .errors import ExecutionError, InputError, ModelError, NnrunError
 from .ir import OPTIONAL, SEQUENCE
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
@@ -50,6 +51,19 @@ def _collector_paused():
         yield
     finally:
         gc.enable()
+
+
+@contextlib.contextmanager
+def _within_stack(error, phase):
+    """A RecursionError as nnrun's `error`, never as itself. Nested graphs are loaded, planned and
+    run by recursion, one level of frames per level of graphs; the loader bounds their depth to
+    what protobuf allows, which fits Python's recursion limit with room to spare, unless the
+    caller's own stack is already nearly as deep."""
+    try:
+        yield
+    except RecursionError as e:
+        raise error(f"{phase}: the model's graphs nest deeper than Python's recursion limit "
+                    f"({sys.getrecursionlimit()}) allows from this call ({e})") from None
 
 
 class NodeArg:
@@ -206,7 +220,7 @@ class InferenceSession:
         self._recorder.rebase()
         self._profiler = Profiler() if self._options.enable_profiling else None
         started = time.perf_counter_ns()
-        with _collector_paused(), self._recorder.phase("MODEL_LOAD"):
+        with _within_stack(ModelError, "MODEL_LOAD"), _collector_paused(), self._recorder.phase("MODEL_LOAD"):
             self._graph = _with_free_dimensions(load_model(path_or_bytes), self._options.free_dimensions)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
@@ -326,11 +340,12 @@ class InferenceSession:
         started = time.perf_counter_ns()
         threads = self._threads.begin()
         try:
-            if polled:
-                with self._recorder.phase("EXECUTE"):
+            with _within_stack(ExecutionError, "EXECUTE"):
+                if polled:
+                    with self._recorder.phase("EXECUTE"):
+                        results = executor.run(feeds, profile, trace, stop, into)
+                else:
                     results = executor.run(feeds, profile, trace, stop, into)
-            else:
-                results = executor.run(feeds, profile, trace, stop, into)
         finally:
             self._threads.end(threads)
         if not polled:
@@ -369,7 +384,7 @@ class InferenceSession:
             found = self._plans.get(self._graph, feeds)
             if found is None:
                 started = time.perf_counter_ns()
-                with _collector_paused(), self._recorder.phase("PREPARE"):
+                with _within_stack(ModelError, "PREPARE"), _collector_paused(), self._recorder.phase("PREPARE"):
                     found = self._plans.executor(self._graph, feeds)
                     return_free_heap()
                 if self._profiler:

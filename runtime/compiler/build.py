@@ -165,15 +165,19 @@ def check_supported(graph):
 
 
 def unsupported(graph):
-    """(domain, op, opset) of each node of `graph` and its bodies that has no kernel."""
-    for node in graph.nodes:
-        version = default_opset(graph, node.domain)
-        if ops.lookup(node.domain, node.op_type, version) is None:
-            yield node.domain, node.op_type, version
-        for value in node.attrs.values():
-            for body in value if isinstance(value, list) else (value,):
-                if isinstance(body, Graph):
-                    yield from unsupported(body)
+    """(domain, op, opset) of each node of `graph` and its bodies that has no kernel; the bodies are
+    walked without recursion (they nest as deep as the file says)."""
+    pending = [graph]
+    while pending:
+        graph = pending.pop()
+        for node in graph.nodes:
+            version = default_opset(graph, node.domain)
+            if ops.lookup(node.domain, node.op_type, version) is None:
+                yield node.domain, node.op_type, version
+            for value in node.attrs.values():
+                for body in value if isinstance(value, list) else (value,):
+                    if isinstance(body, Graph):
+                        pending.append(body)
 
 
 def topological_order(nodes, context):

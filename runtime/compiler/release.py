@@ -12,26 +12,21 @@ from ..weights import ExternalData
 
 
 def mapped_weights(graph):
-    """Every ExternalData of the graph: initializers, Constant values and subgraphs, by id."""
+    """Every ExternalData of the graph: initializers, Constant values and subgraphs, by id. Walked
+    depth first without recursion: subgraphs nest as deep as the file says."""
     found = {}
-
-    def visit_value(v):
+    pending = [graph]
+    while pending:
+        v = pending.pop()
         if isinstance(v, ExternalData):
             found[id(v)] = v
         elif isinstance(v, Graph):
-            visit_graph(v)
+            values = list(v.initializers.values())
+            for node in v.nodes:
+                values.extend(node.attrs.values())
+            pending.extend(reversed(values))
         elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit_value(x)
-
-    def visit_graph(g):
-        for w in g.initializers.values():
-            visit_value(w)
-        for node in g.nodes:
-            for v in node.attrs.values():
-                visit_value(v)
-
-    visit_graph(graph)
+            pending.extend(reversed(v))
     return list(found.values())
 
 
