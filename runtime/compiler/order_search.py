@@ -37,7 +37,7 @@ BEAM = 64  # states per level of the narrow search that finds an incumbent befor
 EXACT_SHARE = 0.75  # of a segment's time left, what the exact search may take before wider narrow ones
 # A segment of more steps keeps the greedy order: its analysis (ancestors as bitmasks, the pairs
 # floor, the greedy of the search) grows with the square of its steps.
-MAX_SEARCH_STEPS = 2048
+MAX_SEARCH_STEPS = 512
 
 
 @dataclass(frozen=True)
@@ -455,7 +455,7 @@ class _Segment:
             following = {}
             for state, (g, live, ready) in level.items():
                 states += 1
-                if not states & 1023 and time.perf_counter() > deadline:
+                if not states & 15 and time.perf_counter() > deadline:  # a state may have hundreds of successors
                     low = min(max(g, self._bound(x)) for x, (g, _, _) in level.items())
                     return None, upper, max(floor, min(low, upper)), False, states
                 choices = _bits(ready)
