@@ -14,9 +14,12 @@ place since it was mapped: a read of a truncated mapping ends the process
 once; so does dropping the last reference, the session holding no reference cycle.
 """
 
+import contextlib
 import datetime
+import gc
 import os
 import statistics
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -26,7 +29,7 @@ import numpy as np
 from . import ops, size_limit
 from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
-from .errors import ExecutionError, InputError, NnrunError, SessionClosedError
+from .errors import ExecutionError, InputError, ModelError, NnrunError, SessionClosedError
 from .ir import OPTIONAL, SEQUENCE, Graph
 from .executor.profile import Profiler
 from .loader import import_reader, load_model, model_format
@@ -40,6 +43,35 @@ from .report import PhaseRecorder
 from .threads import RunThreads
 
 MEMORY_EVERY = 64  # runs between two readings of the process's RSS and HWM after the first ones
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cycle collector held off while a session loads a model or prepares a plan: both make
+    a great many objects that live as long as the session, and no garbage cycles worth finding
+    early, while every collection of the older generations walks all of them again (a third of
+    PREPARE on a graph of 100,000 nodes). Collection resumes after, as it was."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@contextlib.contextmanager
+def _within_stack(error, phase):
+    """A RecursionError as nnrun's `error`, never as itself. Nested graphs are loaded, planned and
+    run by recursion, one level of frames per level of graphs; the loader bounds their depth to
+    what protobuf allows, which fits Python's recursion limit with room to spare, unless the
+    caller's own stack is already nearly as deep."""
+    try:
+        yield
+    except RecursionError as e:
+        raise error(f"{phase}: the model's graphs nest deeper than Python's recursion limit "
+                    f"({sys.getrecursionlimit()}) allows from this call ({e})") from None
 
 
 class NodeArg:
@@ -234,7 +266,8 @@ class InferenceSession:
         # loader, PREPARE and EXECUTE all check against this one number.
         self._max_tensor_bytes = size_limit.resolve(self._options.max_tensor_bytes)
         started = time.perf_counter_ns()
-        with self._recorder.phase("MODEL_LOAD"), size_limit.in_force(self._max_tensor_bytes):
+        with _within_stack(ModelError, "MODEL_LOAD"), _collector_paused(), self._recorder.phase("MODEL_LOAD"), \
+                size_limit.in_force(self._max_tensor_bytes):
             self._graph = _with_free_dimensions(load_model(path_or_bytes), self._options.free_dimensions)
         if self._profiler:
             self._profiler.phase("MODEL_LOAD", started, time.perf_counter_ns())
@@ -360,11 +393,12 @@ class InferenceSession:
         started = time.perf_counter_ns()
         threads = self._threads.begin()
         try:
-            if polled:
-                with self._recorder.phase("EXECUTE"):
+            with _within_stack(ExecutionError, "EXECUTE"):
+                if polled:
+                    with self._recorder.phase("EXECUTE"):
+                        results = executor.run(feeds, profile, trace, stop, into)
+                else:
                     results = executor.run(feeds, profile, trace, stop, into)
-            else:
-                results = executor.run(feeds, profile, trace, stop, into)
         finally:
             self._threads.end(threads)
         if not polled:
@@ -444,7 +478,7 @@ class InferenceSession:
             found = self._plans.get(self._graph, feeds)
             if found is None:
                 started = time.perf_counter_ns()
-                with self._recorder.phase("PREPARE"):
+                with _within_stack(ModelError, "PREPARE"), _collector_paused(), self._recorder.phase("PREPARE"):
                     found = self._plans.executor(self._graph, feeds)
                     return_free_heap()
                 if self._profiler:

@@ -37,7 +37,8 @@ def _overlaps(spans):
     found = {b: [] for b in spans}
     for i, a in enumerate(by_start):
         last = spans[a][1]
-        for b in by_start[i + 1:]:
+        for k in range(i + 1, len(by_start)):  # not a slice: a copy of the rest per buffer is quadratic
+            b = by_start[k]
             if spans[b][0] > last:
                 break
             found[a].append(b)
@@ -89,22 +90,25 @@ def _by_breadth(spans, sizes):
 def assign_offsets(spans, sizes, tries=2000, seconds=0.15, alignments=None):
     """Offsets (64-byte aligned, or as `alignments` says per buffer) for every buffer, and the arena
     size they need."""
-    orders = [
-        sorted(spans, key=lambda b: (-sizes[b], spans[b][0])),
-        sorted(spans, key=lambda b: (spans[b][0], -sizes[b])),
-        sorted(spans, key=lambda b: (spans[b][0] - spans[b][1], -sizes[b])),
-        sorted(spans, key=lambda b: (-sizes[b] * (spans[b][1] - spans[b][0] + 1), spans[b][0])),
-        sorted(spans, key=lambda b: (-spans[b][1], -sizes[b])),
-        _by_breadth(spans, sizes),
-    ]
+    orders = (  # made one at a time: the first to reach the bound ends the tries
+        lambda: sorted(spans, key=lambda b: (-sizes[b], spans[b][0])),
+        lambda: sorted(spans, key=lambda b: (spans[b][0], -sizes[b])),
+        lambda: sorted(spans, key=lambda b: (spans[b][0] - spans[b][1], -sizes[b])),
+        lambda: sorted(spans, key=lambda b: (-sizes[b] * (spans[b][1] - spans[b][0] + 1), spans[b][0])),
+        lambda: sorted(spans, key=lambda b: (-spans[b][1], -sizes[b])),
+        lambda: _by_breadth(spans, sizes),
+    )
     overlaps = _overlaps(spans)
+    bound = lower_bound(spans, {b: align(sizes[b]) for b in spans})
     best = None
-    for order in orders:
+    for make in orders:
+        order = make()
         offsets, top = _place(order, spans, sizes, overlaps, alignments)
         if best is None or top < best[1]:
             best = (offsets, top, order)
+        if top <= bound:  # no arena is smaller
+            break
     offsets, top, order = best
-    bound = lower_bound(spans, {b: align(sizes[b]) for b in spans})
     if top > bound and len(order) > 1:
         offsets, top = _local_search(order, spans, sizes, overlaps, bound, offsets, top, tries,
                                      time.perf_counter() + seconds, alignments)

@@ -173,15 +173,19 @@ def check_supported(graph):
 
 
 def unsupported(graph):
-    """(domain, op, opset) of each node of `graph` and its bodies that has no kernel."""
-    for node in graph.nodes:
-        version = default_opset(graph, node.domain)
-        if ops.lookup(node.domain, node.op_type, version) is None:
-            yield node.domain, node.op_type, version
-        for value in node.attrs.values():
-            for body in value if isinstance(value, list) else (value,):
-                if isinstance(body, Graph):
-                    yield from unsupported(body)
+    """(domain, op, opset) of each node of `graph` and its bodies that has no kernel; the bodies are
+    walked without recursion (they nest as deep as the file says)."""
+    pending = [graph]
+    while pending:
+        graph = pending.pop()
+        for node in graph.nodes:
+            version = default_opset(graph, node.domain)
+            if ops.lookup(node.domain, node.op_type, version) is None:
+                yield node.domain, node.op_type, version
+            for value in node.attrs.values():
+                for body in value if isinstance(value, list) else (value,):
+                    if isinstance(body, Graph):
+                        pending.append(body)
 
 
 def topological_order(nodes, context):
@@ -506,7 +510,15 @@ def build_plan(prepared, buffers, placement, context):
             if weight is not None and not copied:
                 kept[weight.id] = weight
 
-    def value_slot(name, kind=None):
+    value_slots = {}  # name -> its ValueSlot, made once: a value is written by one step and read by others
+
+    def value_slot(name):
+        found = value_slots.get(name)
+        if found is None:
+            found = value_slots[name] = _value_slot(name)
+        return found
+
+    def _value_slot(name, kind=None):
         info = infos.get(name)
         if kind is None:
             if name in feed_slots:

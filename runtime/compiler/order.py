@@ -80,34 +80,52 @@ def greedy_order(deps, step_inputs, step_outputs, sizes, scratch=None, pinned=()
 
     deps[i]: the steps that must run before step i. step_inputs[i] / step_outputs[i]: the arena
     buffers step i reads / writes. The steps are in a valid topological order already. The
-    starting point of the exact search (order_search.py), and its fallback."""
+    starting point of the exact search (order_search.py), and its fallback.
+
+    The ready steps wait in a heap by cost. A step's cost only falls while it waits (an input
+    whose other readers have all run dies with it), and when it does the step is pushed again;
+    an entry whose cost is no longer the step's is dropped when it comes up."""
+    import heapq
+
     n = len(step_inputs)
     readers = {}
     for i, ins in enumerate(step_inputs):
         for b in set(ins):
-            readers.setdefault(b, set()).add(i)
+            readers.setdefault(b, []).append(i)
     users = [[] for _ in range(n)]
     waiting = [len(d) for d in deps]
     for i, d in enumerate(deps):
         for j in d:
             users[j].append(i)
     remaining = {b: len(r) for b, r in readers.items()}
-    ready = {i for i in range(n) if waiting[i] == 0}
+    grow = [sum(sizes.get(b, 0) for b in outs) for outs in step_outputs]
+    inputs = [set(ins) for ins in step_inputs]
+
+    def cost(i):
+        return grow[i] - sum(sizes.get(b, 0) for b in inputs[i] if remaining.get(b) == 1 and b not in pinned)
+
+    ready = [(cost(i), i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+    done = [False] * n
     order = []
     while ready:
-        def cost(i):
-            grow = sum(sizes.get(b, 0) for b in step_outputs[i])
-            freed = sum(sizes.get(b, 0) for b in set(step_inputs[i])
-                        if remaining.get(b) == 1 and b not in pinned)
-            return (grow - freed, i)
-
-        i = min(ready, key=cost)
-        ready.remove(i)
+        c, i = heapq.heappop(ready)
+        if done[i]:
+            continue
+        now = cost(i)
+        if now != c:
+            heapq.heappush(ready, (now, i))
+            continue
+        done[i] = True
         order.append(i)
-        for b in set(step_inputs[i]):
+        for b in inputs[i]:
             remaining[b] -= 1
+            if remaining[b] == 1 and b not in pinned and sizes.get(b, 0):
+                last = next(r for r in readers[b] if not done[r])  # its cost falls: seen again
+                if waiting[last] == 0:
+                    heapq.heappush(ready, (cost(last), last))
         for u in users[i]:
             waiting[u] -= 1
             if waiting[u] == 0:
-                ready.add(u)
+                heapq.heappush(ready, (cost(u), u))
     return order

@@ -22,7 +22,8 @@ all valid orders is a bottleneck shortest path over downsets (the sets X closed 
   state's live bytes can only shrink by it), so it is the only successor tried.
 - **Budget.** The search stops at a deadline: a segment it did not finish keeps the
   greedy order, and the least bound left on its frontier is a proven lower bound
-  on its peak, reported as the gap.
+  on its peak, reported as the gap. A segment of more than MAX_SEARCH_STEPS steps is
+  not searched: it keeps the greedy order, bounded by what each of its steps holds.
 
 The result never has a higher peak than the file order's or the greedy's.
 """
@@ -34,6 +35,9 @@ from .order import greedy_order, peak_of
 
 BEAM = 64  # states per level of the narrow search that finds an incumbent before the exact one
 EXACT_SHARE = 0.75  # of a segment's time left, what the exact search may take before wider narrow ones
+# A segment of more steps keeps the greedy order: its analysis (ancestors as bitmasks, the pairs
+# floor, the greedy of the search) grows with the square of its steps.
+MAX_SEARCH_STEPS = 512
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ class OrderSearch:
     peak_bytes: int  # the order's peak of live bytes
     lower_bound_bytes: int  # no valid order has a lower peak (equal when proven)
     proven: bool  # peak_bytes is the least over every valid order
-    how: str  # "exact" (one segment), "segmented", "time-limited" (a segment not finished), "file order"
+    how: str  # "exact" (one segment), "segmented", "time-limited" (a segment not finished), "greedy" (a
+    # segment of more than MAX_SEARCH_STEPS steps, not searched), "file order"
     segments: int
     largest_segment: int  # steps in the largest segment
     states: int  # downsets expanded
@@ -72,22 +77,27 @@ def best_order(deps, reads, writes, sizes, scratch=None, pinned=(), seconds=1.0)
     if seconds is None:  # the pass is off: the file's order, nothing proven
         return OrderSearch(tuple(file_order), file_peak, 0, False, "file order", 1, n, 0,
                            (time.perf_counter() - started) * 1e3, file_peak, file_peak)
-    greedy = greedy_order(deps, reads, writes, sizes, scratch, pinned)
-    greedy_peak = peak_of(greedy, reads, writes, sizes, scratch, pinned)
     if n == 0:
         return OrderSearch((), 0, 0, True, "exact", 0, 0, 0, 0.0, 0, 0)
     deadline = started + max(0.0, seconds)
     graph = _Graph(deps, reads, writes, sizes, scratch, pinned)
     segments = graph.segments()
+    if len(segments) == n:  # every step is a cut (a chain): the file's order is the only one
+        greedy, greedy_peak = file_order, file_peak
+    else:
+        greedy = greedy_order(deps, reads, writes, sizes, scratch, pinned)
+        greedy_peak = peak_of(greedy, reads, writes, sizes, scratch, pinned)
     results = []
-    done = 0  # bitmask of the steps of earlier segments
     states = 0
     for steps in segments:
-        problem = graph.segment(steps, done)
-        result = problem.solve(deadline)
+        if len(steps) == 1:
+            result = graph.single(steps.start)
+        elif len(steps) > MAX_SEARCH_STEPS:
+            result = graph.unsearched(steps, greedy)
+        else:
+            result = graph.segment(steps).solve(deadline)
         states += result.states
         results.append(result)
-        done |= problem.mask
     order = [step for r in results for step in r.order]
     peak = max(r.peak for r in results)
     bound = max(r.bound for r in results)
@@ -95,135 +105,198 @@ def best_order(deps, reads, writes, sizes, scratch=None, pinned=(), seconds=1.0)
     if greedy_peak < peak or file_peak < peak:  # cannot happen when segments start from the greedy
         order, peak = (greedy, greedy_peak) if greedy_peak <= file_peak else (file_order, file_peak)
         proven = peak == bound
-    how = "time-limited" if not all(r.finished for r in results) else "exact" if len(segments) == 1 \
-        else "segmented"
+    if not all(r.searched for r in results):
+        how = "greedy"
+    elif not all(r.finished for r in results):
+        how = "time-limited"
+    else:
+        how = "exact" if len(segments) == 1 else "segmented"
     return OrderSearch(tuple(order), peak, bound, proven, how, len(segments), max(map(len, segments)), states,
                        (time.perf_counter() - started) * 1e3, file_peak, greedy_peak)
 
 
 class _Graph:
-    """The whole problem: steps, their buffers, and who reads what."""
+    """The whole problem: steps, their buffers, and who reads what.
+
+    Built in time linear in the steps and buffers, so a graph of a hundred thousand steps costs
+    little more than its segments: the bitmasks of ancestors and descendants are a segment's own,
+    over its steps alone. That is exact because a segment lies between two cut steps:
+    a step before it is an ancestor of each of its steps, a step after it a descendant."""
 
     def __init__(self, deps, reads, writes, sizes, scratch, pinned):
-        self.n = len(deps)
-        self.deps = [set(d) for d in deps]
-        self.reads, self.writes = reads, writes
+        self.n = n = len(deps)
+        self.deps, self.reads, self.writes = deps, reads, writes
         self.sizes, self.scratch, self.pinned = sizes, scratch, set(pinned)
-        self.producer, self.readers = {}, {}
+        self.producer, self.last_read = {}, {}
         for i, outs in enumerate(writes):
             for b in outs:
                 self.producer[b] = i
         for i, ins in enumerate(reads):
-            for b in set(ins):
-                self.readers[b] = self.readers.get(b, 0) | (1 << i)
-
-        n = self.n
-        self.ancestors = ancestors = [0] * n
-        for i in range(n):  # indices are topological
-            for j in self.deps[i]:
-                ancestors[i] |= ancestors[j] | (1 << j)
-        self.descendants = descendants = [0] * n
-        for i in reversed(range(n)):
-            for j in self.deps[i]:
-                descendants[j] |= descendants[i] | (1 << i)
-        self.necessary = self._necessary()
-
-    def _necessary(self):
-        """Per step, the bytes live while it runs in every valid order: its outputs and scratch, and
-        each buffer written by one of its ancestors and read by it or one of its descendants (or
-        pinned). The largest is a lower bound on any order's peak, and the bound of a search state
-        is the largest among the steps still to run."""
-        necessary = [self.scratch[k] + sum(self.sizes.get(b, 0) for b in self.writes[k]) for k in range(self.n)]
+            for b in ins:
+                self.last_read[b] = i
+        # live_before[a]: bytes written before step a that a step from a on reads (or pinned).
+        delta = [0] * (n + 2)
         for b, p in self.producer.items():
-            size = self.sizes.get(b, 0)
-            if not size:
-                continue
-            where = self.descendants[p]
-            if b not in self.pinned:
-                upstream = 0  # the readers and their ancestors
-                for r in _bits(self.readers.get(b, 0)):
-                    upstream |= self.ancestors[r] | (1 << r)
-                where &= upstream
-            for k in _bits(where):
-                necessary[k] += size
-        return necessary
+            size = sizes.get(b, 0)
+            end = n if b in self.pinned else self.last_read.get(b, -1)
+            if size and end > p:
+                delta[p + 1] += size
+                delta[end + 1] -= size
+        self.live_before = live_before = [0] * (n + 1)
+        live = 0
+        for a in range(n + 1):
+            live += delta[a]
+            live_before[a] = live
 
     def segments(self):
-        """The steps between consecutive cut steps, each cut alone, in an order every valid order keeps."""
+        """The steps between consecutive cut steps, each cut alone, in an order every valid order keeps.
+
+        Step i is a cut when each step before it is its ancestor and each step after it its
+        descendant. The indices being topological, a path between two steps stays between them,
+        so the first holds when every step j < i has a successor at or before i (following such
+        successors from j ends at i), and the second when every step after i has a predecessor at
+        or after i: two sweeps over the dependencies."""
         n = self.n
-        ancestors, descendants = self.ancestors, self.descendants
-        everyone = (1 << n) - 1
-        cuts = sorted((i for i in range(n) if ancestors[i] | descendants[i] | (1 << i) == everyone),
-                      key=lambda i: bin(ancestors[i]).count("1"))
-        segments, done = [], 0
-        for cut in cuts:
-            before = ancestors[cut] & ~done
-            if before:
-                segments.append(_steps_of(before))
-            segments.append([cut])
-            done |= before | (1 << cut)
-        if everyone & ~done:
-            segments.append(_steps_of(everyone & ~done))
+        first_succ = [n] * n  # the earliest successor; n: none
+        last_pred = [-1] * n  # the latest predecessor; -1: none
+        for i, d in enumerate(self.deps):
+            for j in d:
+                if i < first_succ[j]:
+                    first_succ[j] = i
+                if j > last_pred[i]:
+                    last_pred[i] = j
+        cut = [False] * n
+        reach = -1
+        for i in range(n):
+            cut[i] = reach <= i
+            reach = max(reach, first_succ[i])
+        reach = n
+        for i in reversed(range(n)):
+            cut[i] = cut[i] and reach >= i
+            reach = min(reach, last_pred[i])
+        segments, start = [], 0
+        for i in range(n):
+            if cut[i]:
+                if i > start:
+                    segments.append(range(start, i))
+                segments.append(range(i, i + 1))
+                start = i + 1
+        if start < n:
+            segments.append(range(start, n))
         return segments
 
-    def segment(self, steps, done):
-        """The segment of `steps` once the steps of `done` (a bitmask) have run."""
-        mask = 0
-        for i in steps:
-            mask |= 1 << i
-        after = ((1 << self.n) - 1) & ~(done | mask)
-        sizes = self.sizes
-        live = 0  # bytes written before the segment, still to be read (or pinned)
-        for b, p in self.producer.items():
-            if done >> p & 1 and (b in self.pinned or self.readers.get(b, 0) & ~done):
-                live += sizes.get(b, 0)
-        local = {step: k for k, step in enumerate(steps)}
-        preds, spike, adds, frees, base = [], [], [], [], []
-        for step in steps:
+    def _stays(self, b, end):
+        """Whether buffer `b` is live to the end of a segment that ends before step `end`: pinned, or
+        read at or after `end`."""
+        return b in self.pinned or self.last_read.get(b, -1) >= end
+
+    def _spike(self, step):
+        return sum(self.sizes.get(b, 0) for b in self.writes[step]) + self.scratch[step]
+
+    def single(self, step):
+        """A segment of one step: it runs with what is live before it, its outputs and its scratch."""
+        peak = self.live_before[step] + self._spike(step)
+        return _Result([step], peak, peak, True, 0)
+
+    def segment(self, steps):
+        """The segment of `steps`, a range of indices between cuts, once every earlier step has run."""
+        a, end, m = steps.start, steps.stop, len(steps)
+        sizes, pinned, last_read = self.sizes, self.pinned, self.last_read
+        live = self.live_before[a]  # bytes written before the segment, still to be read (or pinned)
+        preds, spike, adds, frees = [], [], [], []
+        local_readers = {}  # buffer -> bitmask of the segment's steps that read it
+        for k, step in enumerate(steps):
             p = 0
             for j in self.deps[step]:
-                if j in local:
-                    p |= 1 << local[j]
+                if j >= a:
+                    p |= 1 << (j - a)
             preds.append(p)
+            for b in self.reads[step]:
+                local_readers[b] = local_readers.get(b, 0) | (1 << k)
             outs = self.writes[step]
-            spike.append(sum(sizes.get(b, 0) for b in outs) + self.scratch[step])
-            adds.append(sum(sizes.get(b, 0) for b in outs if b in self.pinned or b in self.readers))
+            spike.append(self._spike(step))
+            adds.append(sum(sizes.get(b, 0) for b in outs if b in pinned or b in last_read))
+        ancestors = [0] * m
+        for k in range(m):
+            for j in _bits(preds[k]):
+                ancestors[k] |= ancestors[j] | (1 << j)
+        descendants = [0] * m
+        for k in reversed(range(m)):
+            for j in _bits(preds[k]):
+                descendants[j] |= descendants[k] | (1 << k)
+        for step in steps:
             freeable = []
             for b in set(self.reads[step]):
-                readers = self.readers[b]
-                if b in self.pinned or readers & after:
-                    continue  # read after the segment: it stays
-                inside = 0
-                for j in _steps_of(readers & mask):
-                    inside |= 1 << local[j]
-                freeable.append((inside, sizes.get(b, 0)))
+                if not self._stays(b, end):  # else read after the segment: it stays
+                    freeable.append((local_readers[b], sizes.get(b, 0)))
             frees.append(tuple(freeable))
-            base.append(self.necessary[step])
-        floor = max(max(base), self._pairs_floor(steps, max(base)))
-        return _Segment(list(steps), mask, live, preds, spike, adds, frees, base, floor)
+        necessary = self._necessary(steps, spike, live, local_readers, ancestors, descendants)
+        floor = max(max(necessary), self._pairs_floor(steps, necessary, local_readers, descendants, ancestors,
+                                                      max(necessary)))
+        return _Segment(list(steps), live, preds, spike, adds, frees, necessary, floor)
 
-    def _pairs_floor(self, steps, floor):
+    def _necessary(self, steps, spike, live, local_readers, ancestors, descendants):
+        """Per step of the segment, the bytes live while it runs in every valid order: its outputs and
+        scratch, and each buffer written by one of its ancestors and read by it or one of its
+        descendants (or pinned). The largest is a lower bound on any order's peak, and the bound of
+        a search state is the largest among the steps still to run. A buffer written before the
+        segment was written by an ancestor of each of its steps; one read after it, by a
+        descendant of each."""
+        a, end = steps.start, steps.stop
+        sizes = self.sizes
+
+        def upstream(readers):  # the readers and their ancestors
+            found = 0
+            for r in _bits(readers):
+                found |= ancestors[r] | (1 << r)
+            return found
+
+        necessary = list(spike)
+        through = live  # written before the segment and live through it
+        for b, readers in local_readers.items():
+            p = self.producer.get(b)
+            size = sizes.get(b, 0)
+            if p is None or p >= a or not size or self._stays(b, end):
+                continue
+            through -= size
+            for k in _bits(upstream(readers)):
+                necessary[k] += size
+        for k, step in enumerate(steps):
+            for b in self.writes[step]:
+                size = sizes.get(b, 0)
+                if not size:
+                    continue
+                where = descendants[k]
+                if not self._stays(b, end):
+                    where &= upstream(local_readers.get(b, 0))
+                for j in _bits(where):
+                    necessary[j] += size
+        return [x + through for x in necessary]
+
+    def _pairs_floor(self, steps, necessary, local_readers, descendants, ancestors, floor):
         """A lower bound from pairs of steps that may run in either order: whichever runs second
         holds, besides what it must hold anyway (`necessary`), the first one's outputs that it or
         one of its descendants reads. The least of the two ways bounds every order's peak. Only
-        pairs that can raise `floor` are looked at."""
-        necessary = self.necessary
+        pairs that can raise `floor` are looked at. Steps are local here (0 is the segment's first)."""
+        end = steps.stop
         held = {}  # (first, second) -> bytes of first's outputs live while second runs
 
         def extra(first, second):
             key = (first, second)
             if key not in held:
-                later = self.descendants[second] | (1 << second)
-                held[key] = sum(self.sizes.get(b, 0) for b in self.writes[first]
-                                if b in self.pinned or self.readers.get(b, 0) & later)
+                later = descendants[second] | (1 << second)
+                held[key] = sum(self.sizes.get(b, 0) for b in self.writes[steps[first]]
+                                if self._stays(b, end) or local_readers.get(b, 0) & later)
             return held[key]
 
-        out = {k: sum(self.sizes.get(b, 0) for b in self.writes[k]) for k in steps}
-        largest = max(out.values(), default=0)
-        seconds = [k for k in steps if necessary[k] + largest > floor]
-        firsts = [k for k in steps if out[k] and out[k] + max(necessary[j] for j in steps) > floor]
+        m = len(steps)
+        out = [sum(self.sizes.get(b, 0) for b in self.writes[step]) for step in steps]
+        largest = max(out, default=0)
+        most = max(necessary)
+        seconds = [k for k in range(m) if necessary[k] + largest > floor]
+        firsts = [k for k in range(m) if out[k] and out[k] + most > floor]
         for a in firsts:
-            related = self.ancestors[a] | self.descendants[a] | (1 << a)
+            related = ancestors[a] | descendants[a] | (1 << a)
             for b in seconds:
                 if related >> b & 1 or necessary[b] + out[a] <= floor or necessary[a] + out[b] <= floor:
                     continue
@@ -231,6 +304,40 @@ class _Graph:
                 if bound > floor:
                     floor = bound
         return floor
+
+    def unsearched(self, steps, greedy):
+        """A segment of more than MAX_SEARCH_STEPS steps, whose analysis alone (bitmasks of ancestors)
+        would grow with the square of its steps: the greedy order's steps in it (they follow every
+        earlier segment's in any valid order), their peak, and as bound what each step holds in
+        every order (its outputs, scratch and inputs, and what crosses the segment)."""
+        a, end = steps.start, steps.stop
+        sizes, producer = self.sizes, self.producer
+        order = list(greedy[a:end])
+        live = through = self.live_before[a]
+        count = {}
+        for step in steps:
+            for b in set(self.reads[step]):
+                count[b] = count.get(b, 0) + 1
+        for b in count:
+            p = producer.get(b)
+            if p is not None and p < a and not self._stays(b, end):
+                through -= sizes.get(b, 0)
+        peak = bound = 0
+        for step in order:
+            spike = self._spike(step)
+            held = 0
+            for b in set(self.reads[step]):
+                p = producer.get(b)
+                if p is not None and p != step and not (p < a and self._stays(b, end)):
+                    held += sizes.get(b, 0)
+            bound = max(bound, spike + through + held)
+            peak = max(peak, live + spike)
+            live += sum(sizes.get(b, 0) for b in self.writes[step] if b in self.pinned or b in self.last_read)
+            for b in set(self.reads[step]):
+                count[b] -= 1
+                if not count[b] and not self._stays(b, end):
+                    live -= sizes.get(b, 0)
+        return _Result(order, peak, min(bound, peak), False, 0, searched=False)
 
 
 def _bits(mask):
@@ -242,16 +349,6 @@ def _bits(mask):
     return found
 
 
-def _steps_of(mask):
-    steps, k = [], 0
-    while mask:
-        if mask & 1:
-            steps.append(k)
-        mask >>= 1
-        k += 1
-    return steps
-
-
 @dataclass
 class _Result:
     order: list  # global step indices
@@ -259,13 +356,14 @@ class _Result:
     bound: int
     finished: bool
     states: int
+    searched: bool = True  # False: a segment too large to search, in the greedy order
 
 
 class _Segment:
     """One segment's problem on local step numbers 0..m-1 (bit k of a state: step k has run)."""
 
-    def __init__(self, steps, mask, live, preds, spike, adds, frees, base, floor):
-        self.steps, self.mask, self.live, self.floor = steps, mask, live, floor
+    def __init__(self, steps, live, preds, spike, adds, frees, base, floor):
+        self.steps, self.live, self.floor = steps, live, floor
         self.preds, self.spike, self.adds, self.frees, self.base = preds, spike, adds, frees, base
         self.m = len(steps)
         self.succs = [[j for j in range(self.m) if preds[j] >> k & 1] for k in range(self.m)]
@@ -357,7 +455,7 @@ class _Segment:
             following = {}
             for state, (g, live, ready) in level.items():
                 states += 1
-                if not states & 1023 and time.perf_counter() > deadline:
+                if not states & 15 and time.perf_counter() > deadline:  # a state may have hundreds of successors
                     low = min(max(g, self._bound(x)) for x, (g, _, _) in level.items())
                     return None, upper, max(floor, min(low, upper)), False, states
                 choices = _bits(ready)

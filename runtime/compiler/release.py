@@ -12,7 +12,8 @@ from ..weights import ExternalData
 
 
 def mapped_weights(graph):
-    """Every ExternalData of the graph: initializers, Constant values and subgraphs, by id."""
+    """Every ExternalData of the graph: initializers, Constant values and subgraphs, by id. Walked
+    depth first without recursion: subgraphs nest as deep as the file says."""
     # A loop over a stack rather than two closures calling each other: such closures form a
     # reference cycle that outlives the call, and with it the weights and their file's mapping.
     found = {}

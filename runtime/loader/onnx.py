@@ -48,9 +48,14 @@ INLINE_LIMIT = 1024
 # Bytes read at a time while walking a file (see _Stripper._fields).
 WALK_WINDOW_MIN = 512
 WALK_WINDOW_MAX = 64 << 10
-# Nested messages the walk descends into; graphs nested in attributes.
-MAX_MESSAGE_DEPTH = 64
-MAX_GRAPH_DEPTH = 20
+# Messages nest at most this deep below the ModelProto: protobuf's own limit (upb's, and C++
+# protobuf's, so onnx's and onnxruntime's), which no file can pass. A graph in a node's attribute
+# is three messages below the graph holding the node, so graphs nest at most 33 deep (31 with the
+# value infos a graph needs: onnxruntime loads as deep, no deeper). The loader, PREPARE and EXECUTE
+# recurse once per level of graphs (a body is planned and run by its node's kernel, some ten
+# Python frames a level), so these bounds keep them far inside Python's recursion limit.
+MAX_MESSAGE_DEPTH = 100
+MAX_GRAPH_DEPTH = 33
 # numpy's limit on array rank.
 MAX_RANK = 64
 # A sparse initializer is densified at load; its dense size is bounded.
@@ -120,6 +125,9 @@ def load_onnx(source, path=None, base_dir=None):
     try:
         model = onnx.ModelProto.FromString(structure)
     except (DecodeError, RuntimeError, ValueError) as e:
+        if "MaxDepth" in str(e):  # upb's words; the walk finds it first in a large message
+            raise MalformedModelError(f"{where}: messages nested deeper than {MAX_MESSAGE_DEPTH} "
+                                      f"(protobuf's limit: graphs nest at most {MAX_GRAPH_DEPTH} deep)") from None
         raise MalformedModelError(f"{where} is not a valid ONNX model: {e}") from None
     if not model.HasField("graph"):
         raise MalformedModelError(f"{where}: the model has no graph (not an ONNX model?)")
@@ -205,8 +213,9 @@ class _Stripper:
     def _message(self, kind, start, end, depth):
         """(pieces, length) of the rewritten message, or None if it stays as it is."""
         if depth > MAX_MESSAGE_DEPTH:
-            raise ModelError(f"malformed model at byte offset {start}: messages nested "
-                             f"deeper than {MAX_MESSAGE_DEPTH}")
+            raise MalformedModelError(f"malformed model at byte offset {start}: messages nested deeper "
+                                      f"than {MAX_MESSAGE_DEPTH} (protobuf's limit: graphs nest at most "
+                                      f"{MAX_GRAPH_DEPTH} deep)")
         if kind == _TENSOR:
             return self._tensor(start, end)
         paths = _TENSOR_PATHS[kind]
@@ -352,7 +361,7 @@ class _Builder:
 
     def _graph(self, g, depth, in_function):
         if depth > MAX_GRAPH_DEPTH:
-            raise ModelError(f"graphs nested deeper than {MAX_GRAPH_DEPTH}")
+            raise MalformedModelError(f"graph {g.name!r}: graphs nested deeper than {MAX_GRAPH_DEPTH}")
         graph_name = g.name
         _check_names((graph_name,), "graph")
         what = f"graph {graph_name!r}"

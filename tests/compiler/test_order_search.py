@@ -114,6 +114,105 @@ def test_off_keeps_the_file_order():
     assert search.order == tuple(range(8)) and search.how == "file order" and not search.proven
 
 
+# --- long and wide graphs: cut steps, and a segment too large to search -----------------------------------
+
+def cut_steps_by_closure(deps):
+    """The steps every other step runs before or after in every order: from the transitive closure."""
+    n = len(deps)
+    ancestors = [set() for _ in range(n)]
+    for i in range(n):
+        for j in deps[i]:
+            ancestors[i] |= ancestors[j] | {j}
+    descendants = [{j for j in range(n) if i in ancestors[j]} for i in range(n)]
+    return [i for i in range(n) if len(ancestors[i]) + len(descendants[i]) == n - 1]
+
+
+def segments_of(cuts, n):
+    """Each cut alone and each run of steps between two cuts (cuts in index order are never apart)."""
+    count, start = 0, 0
+    for c in cuts:
+        count += (c > start) + 1
+        start = c + 1
+    return count + (start < n)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_segments_are_split_at_the_cut_steps(seed):
+    problem = random_problem(500 + seed, 6 + seed % 25)
+    search = best_order(*problem, seconds=0)
+    assert search.segments == segments_of(cut_steps_by_closure(problem[0]), len(problem[0]))
+
+
+def peak_by_sweep(order, deps, reads, writes, sizes, scratch, pinned):
+    """peak_by_hand for long orders: each buffer live from its writer's position to its last reader's."""
+    position = {step: k for k, step in enumerate(order)}
+    assert len(position) == len(deps) and all(position[d] < position[s] for s in order for d in deps[s])
+    last = {}
+    for s in order:
+        for b in reads[s]:
+            last[b] = max(last.get(b, -1), position[s])
+    delta = [0] * (len(order) + 1)
+    for s in order:
+        for b in writes[s]:
+            end = len(order) - 1 if b in pinned else max(last.get(b, -1), position[s])
+            delta[position[s]] += sizes[b]
+            delta[end + 1] -= sizes[b]
+    live = peak = 0
+    for k, s in enumerate(order):
+        live += delta[k]
+        peak = max(peak, live + scratch[s])
+    return peak
+
+
+def test_a_chain_of_50000_steps_is_cut_at_every_step():
+    n = 50_000
+    deps = [{i - 1} if i else set() for i in range(n)]
+    reads = [[f"b{i - 1}"] if i else [] for i in range(n)]
+    writes = [[f"b{i}"] for i in range(n)]
+    sizes = {f"b{i}": 64 * (1 + i % 7) for i in range(n)}
+    problem = (deps, reads, writes, sizes, [0] * n, {f"b{n - 1}"})
+    search = best_order(*problem)
+    assert search.order == tuple(range(n)) and search.segments == n and search.proven
+    assert search.peak_bytes == peak_by_sweep(list(search.order), *problem) == 64 * (7 + 6)
+
+
+def test_a_segment_of_more_steps_than_are_searched_keeps_the_greedy_order():
+    # A source, 3,000 branches of two steps, and a sink that reads every branch: one segment.
+    width = 3000
+    deps, reads, writes, sizes = [set()], [[]], [["src"]], {"src": 256}
+    for k in range(width):
+        first = len(deps)
+        deps += [{0}, {first}]
+        reads += [["src"], [f"a{k}"]]
+        writes += [[f"a{k}"], [f"b{k}"]]
+        sizes[f"a{k}"], sizes[f"b{k}"] = 64 * (1 + k % 5), 64
+    deps.append(set(range(2, len(deps), 2)))
+    reads.append([f"b{k}" for k in range(width)])
+    writes.append(["out"])
+    sizes["out"] = 64
+    problem = (deps, reads, writes, sizes, [0] * len(deps), {"out"})
+    search = best_order(*problem)
+    assert search.how == "greedy" and search.largest_segment == 2 * width and not search.proven
+    assert search.peak_bytes == peak_by_sweep(list(search.order), *problem)
+    # Run branch by branch, each a dies at once and each b waits for the sink: the source, the other
+    # branches' b and the largest a at most. The bound is what the sink holds in every order.
+    assert search.peak_bytes <= 256 + 64 * (width - 1) + 64 * 5
+    assert search.lower_bound_bytes == 64 * (width + 1) < search.peak_bytes <= search.file_order_peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_unsearched_segment_is_valid_and_its_bound_holds(seed, monkeypatch):
+    from nnrun.compiler import order_search
+
+    monkeypatch.setattr(order_search, "MAX_SEARCH_STEPS", 3)
+    problem = random_problem(900 + seed, 8)
+    search = best_order(*problem)
+    want = least_peak_by_brute_force(*problem)
+    assert peak_by_hand(list(search.order), *problem) == search.peak_bytes
+    assert search.lower_bound_bytes <= want <= search.peak_bytes <= search.greedy_peak_bytes
+    assert (search.how == "greedy") == (search.largest_segment > 3)
+
+
 # --- ONNX graphs where the order decides the peak, against a downset DP of the file ----------------------
 
 ROWS = 16
