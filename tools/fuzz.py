@@ -1,0 +1,883 @@
+"""nnrun-fuzz: mutate model files and classify what nnrun does with each mutant.
+
+    nnrun-fuzz --cases 20000 --jobs 2 --out /tmp/fuzz-findings    # mutate, run, classify, summarize
+    nnrun-fuzz --cases 3000 --formats onnx --parity                # also load each mutant in onnxruntime
+    nnrun-fuzz drift --runs 10000                                  # RSS drift over many runs
+    nnrun-fuzz replay FINDINGS/foreign/000123-onnx_conv-onnx_dims.onnx
+    nnrun-fuzz list                                                # seeds and mutators
+
+A case is (seed, mutator, case index, base seed): the index and the base seed pick the seed and the
+mutator, and seed the mutator's random numbers, so the same command makes the same mutants
+(fuzz_seeds.py builds the seeds, fuzz_mutators.py mutates them).
+
+Each case runs in a forked child of this process (which imported nnrun once), under an address-
+space limit (RLIMIT_AS: the child's size plus a margin) and a timeout. The child creates an
+`InferenceSession` from the mutant's bytes (a quarter of the cases, and every model with external
+data, from a file), feeds every input with small random values (symbolic dims 2) and runs twice.
+The outcome, sent back through a pipe:
+
+    ok          it ran
+    rejected    an NnrunError at session creation (its class is recorded)
+    run-error   an NnrunError at a run
+    unfed       the fuzzer could not make feeds for the inputs the session describes
+  and the bug classes, whose models are saved with a text file saying what happened:
+    foreign     any other exception escaped the public API
+    memory      a MemoryError (also inside a typed error), or the child's RSS grew past --rss-limit
+    signal      the child died (SIGSEGV, SIGBUS, SIGABRT, an exit without an outcome)
+    hang        no outcome within --timeout (faulthandler dumps the stack first)
+    slow-error  a typed error that took more than --slow CPU seconds to arrive (CPU time: on a busy
+                machine a quick refusal may wait for a core)
+
+Bugs are deduplicated by signature: class, exception type and the innermost frame inside nnrun.
+With --parity, an ONNX mutant is also loaded by onnxruntime in the same child after nnrun's outcome
+is sent (so a crash there is not nnrun's), and the load-time disagreements are reported.
+"""
+
+import argparse
+import collections
+import faulthandler
+import gc
+import json
+import os
+import random
+import re
+import resource
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+import nnrun
+from nnrun import NnrunError
+
+from .fuzz_mutators import MUTATORS, Mutant
+from .fuzz_seeds import Seed, all_seeds
+
+OUTCOMES = ("ok", "rejected", "run-error", "unfed", "foreign", "memory", "signal", "hang", "slow-error")
+BUGS = ("foreign", "memory", "signal", "hang", "slow-error")
+NNRUN_DIR = os.path.dirname(os.path.abspath(nnrun.__file__))
+# Frames are shown relative to the package's parent: runtime/ops/shape.py in a checkout.
+_FRAME_ROOT = os.path.dirname(NNRUN_DIR)
+FROM_PATH_SHARE = 0.25  # of the cases without external data, loaded from a file rather than bytes
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    timeout: float = 10.0  # seconds a case may take
+    slow: float = 1.0  # CPU seconds after which a typed error is a slow-error
+    memory_margin: int = 2 << 30  # address space a child may add to what it inherits
+    rss_limit: int = 1 << 30  # RSS growth of a child that counts as a memory bug
+    max_tensor_bytes: int = 256 * MiB  # SessionOptions.max_tensor_bytes, where nnrun has it
+    runs: int = 2
+    parity: bool = False
+    quiet_child: bool = True  # send the child's stdout and stderr to /dev/null
+
+
+@dataclass(frozen=True)
+class Case:
+    """One mutant and where it came from; `path` set: a file to load as it lies (replay)."""
+
+    index: int
+    base: int
+    seed: Seed
+    mutator: str
+    mutant: Mutant
+    from_path: bool
+    path: str = None
+
+    @property
+    def name(self):
+        return f"{self.index:06d}-{self.seed.name}-{self.mutator}"
+
+    @property
+    def format(self):
+        return self.seed.format
+
+
+# -- cases ------------------------------------------------------------------------------------------
+
+def mutate(seed, mutator, index, base, seeds):
+    """The mutant of case (seed, mutator, index, base): the same arguments, the same bytes."""
+    rng = random.Random(f"nnrun-fuzz {base} {seed.name} {mutator.name} {index}")
+    for _ in range(8):
+        found = mutator.mutate(seed, rng, seeds)
+        if found is not None:
+            return replace(found, files=seed.files)
+    return Mutant(seed.data, "nothing to mutate", files=seed.files)
+
+
+class CasePlan:
+    """Which seed and mutator each case index gets, for a base seed and the chosen seeds and mutators."""
+
+    def __init__(self, seeds, mutators, base=0):
+        self.seeds, self.base = list(seeds), base
+        self.usable = {s.name: [m for m in mutators if m.applies(s)] for s in self.seeds}
+        self.seeds = [s for s in self.seeds if self.usable[s.name]]
+        if not self.seeds:
+            raise ValueError("no mutator applies to any chosen seed")
+
+    def case(self, index):
+        pick = random.Random(f"nnrun-fuzz case {self.base} {index}")
+        seed = pick.choice(self.seeds)
+        mutator = pick.choice(self.usable[seed.name])
+        from_path = bool(seed.files) or pick.random() < FROM_PATH_SHARE
+        return Case(index, self.base, seed, mutator.name, mutate(seed, mutator, index, self.base, self.seeds),
+                    from_path)
+
+    def cases(self, count, start=0):
+        return (self.case(i) for i in range(start, start + count))
+
+
+# -- the nnrun target, run in the child --------------------------------------------------------------
+
+class Progress:
+    """How far a target got: "load" until the session exists and describes its inputs, then "run"."""
+
+    phase = "load"
+
+
+class Unfed(Exception):
+    """The fuzzer cannot make feeds for the inputs a session describes."""
+
+
+_ELEMENTS = {"float": np.float32, "double": np.float64, "float16": np.float16, "int8": np.int8, "int16": np.int16,
+             "int32": np.int32, "int64": np.int64, "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32,
+             "uint64": np.uint64, "bool": np.bool_, "string": np.object_}
+MAX_FEED_ELEMENTS = 1 << 20
+
+
+def _feed_array(element, shape, rng):
+    dtype = _ELEMENTS.get(element)
+    if dtype is None:
+        raise Unfed(f"no feed for element type {element!r}")
+    dims = []
+    for d in shape if shape is not None else [2]:
+        dims.append(d if isinstance(d, int) and d >= 0 else 2)
+    if int(np.prod(dims, dtype=np.float64)) > MAX_FEED_ELEMENTS:
+        raise Unfed(f"an input of shape {dims} is too large to feed")
+    if dtype is np.object_:
+        return np.full(dims, "a", dtype=object)
+    if dtype is np.bool_:
+        return np.asarray(rng.random(dims) < 0.5)
+    if np.issubdtype(dtype, np.integer):
+        return np.asarray(rng.integers(0, 3, dims)).astype(dtype)
+    return np.asarray(rng.standard_normal(dims)).astype(dtype)
+
+
+def make_feeds(inputs, rng):
+    """Small random feeds for the NodeArgs `inputs`: symbolic dims 2, ints in [0, 3)."""
+    feeds = {}
+    for arg in inputs:
+        kind = arg.type or ""
+        match = re.fullmatch(r"(seq|optional)\((.*)\)", kind)
+        if match and match.group(1) == "optional":
+            feeds[arg.name] = None
+            continue
+        inner = match.group(2) if match else kind
+        element = re.fullmatch(r"tensor\((\w+)\)", inner)
+        if element is None:
+            raise Unfed(f"input {arg.name!r}: no feed for type {kind!r}")
+        array = _feed_array(element.group(1), None if match else arg.shape, rng)
+        feeds[arg.name] = [array] if match else array
+    return feeds
+
+
+def session_options(settings):
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = None
+    options.enable_mem_poll = False
+    options.intra_op_num_threads = 1
+    if hasattr(options, "max_tensor_bytes"):
+        options.max_tensor_bytes = settings.max_tensor_bytes
+    return options
+
+
+def model_source(case, workdir):
+    """What InferenceSession gets: the bytes, or a file (with its external data beside it)."""
+    if case.path is not None:
+        return case.path
+    if not case.from_path:
+        return case.mutant.data
+    folder = os.path.join(workdir, f"case-{case.index}-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    for name, data in case.mutant.files:
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+    path = os.path.join(folder, "model" + case.seed.suffix)
+    with open(path, "wb") as f:
+        f.write(case.mutant.data)
+    return path
+
+
+def nnrun_target(case, progress, settings, workdir):
+    """Create a session from the mutant, make feeds from its inputs, run it `settings.runs` times."""
+    session = nnrun.InferenceSession(model_source(case, workdir), sess_options=session_options(settings))
+    inputs = session.get_inputs()
+    progress.phase = "feeds"
+    feeds = make_feeds(inputs, np.random.default_rng(max(case.index, 0)))
+    progress.phase = "run"
+    for _ in range(settings.runs):
+        session.run(None, feeds)
+
+
+def onnxruntime_load(case, workdir):
+    """Whether onnxruntime loads the mutant (session creation, no run), as a parity record."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 4
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        onnxruntime.InferenceSession(model_source(case, workdir), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - any refusal is a refusal
+        return {"ort": "rejected", "ort_error": type(e).__name__, "ort_message": _short(str(e))}
+    return {"ort": "accepted"}
+
+
+# -- classification, in the child --------------------------------------------------------------------
+
+def _short(text, limit=400):
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _frame_text(filename, lineno, function):
+    return f"{os.path.relpath(filename, _FRAME_ROOT)}:{lineno} {function}"
+
+
+def innermost_frame(tb):
+    """The innermost frame of a traceback inside nnrun, as 'runtime/ops/shape.py:12 Reshape.infer'."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if os.path.abspath(code.co_filename).startswith(NNRUN_DIR + os.sep):
+            found = _frame_text(code.co_filename, tb.tb_lineno, getattr(code, "co_qualname", code.co_name))
+        tb = tb.tb_next
+    return found or "outside nnrun"
+
+
+def _chain(error):
+    seen = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
+def classify(target, case, settings):
+    """Run `target(case, progress)` and describe what happened as a record (a dict)."""
+    progress = Progress()
+    started, cpu_started = time.monotonic(), time.process_time()
+    try:
+        target(case, progress)
+    except Unfed as e:
+        return {"outcome": "unfed", "message": _short(e), "seconds": time.monotonic() - started}
+    except BaseException as e:  # noqa: BLE001 - everything that escapes is classified
+        seconds, cpu = time.monotonic() - started, time.process_time() - cpu_started
+        chain = _chain(e)
+        memory = next((c for c in chain if isinstance(c, MemoryError)), None)
+        shown = memory or e
+        record = {"error": type(e).__name__, "message": _short(e), "seconds": seconds, "cpu_seconds": cpu,
+                  "frame": innermost_frame(shown.__traceback__), "phase": progress.phase,
+                  "traceback": "".join(traceback.format_exception(e))[-6000:]}
+        if memory is not None:
+            record.update(outcome="memory", error=type(memory).__name__ if memory is e
+                          else f"{type(e).__name__}<-MemoryError")
+        elif isinstance(e, NnrunError):
+            record["outcome"] = "rejected" if progress.phase == "load" else "run-error"
+            foreign = next((c for c in chain[1:] if not isinstance(c, NnrunError)), None)
+            if foreign is not None:
+                record["cause"] = type(foreign).__name__
+            # CPU time, not wall time: on a busy machine a quick refusal can wait a second for a core.
+            if cpu > settings.slow:
+                record.update(outcome="slow-error", slow_class=record["outcome"])
+        else:
+            record["outcome"] = "foreign"
+        return record
+    return {"outcome": "ok", "seconds": time.monotonic() - started}
+
+
+def _address_space():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * resource.getpagesize()
+
+
+def _send(fd, record):
+    data = (json.dumps(record, default=str) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _child(case, target, settings, result_fd, trace_fd, parity=None):
+    """The forked child: limits, faulthandler, the target, the outcome down the pipe, then with
+    `parity` its record (onnxruntime's load) too; never returns."""
+    try:
+        # The inherited heap is left out of this child's collections: a full collection would touch
+        # (and copy, page by page) every object of the parent, taking a second on a busy machine.
+        gc.freeze()
+        if settings.quiet_child:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+        trace = os.fdopen(trace_fd, "w")
+        faulthandler.enable(file=trace, all_threads=True)
+        faulthandler.dump_traceback_later(settings.timeout, exit=True, file=trace)
+        limit = _address_space() + settings.memory_margin
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        _send(result_fd, classify(target, case, settings))
+        if parity is not None and case.format == "onnx":
+            _send(result_fd, parity(case))
+    except BaseException:  # noqa: BLE001 - the harness's own failure, said where the parent sees it
+        try:
+            os.write(trace_fd, f"fuzz harness error:\n{traceback.format_exc()}".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(0)
+
+
+# -- the parent: forking, timing out, collecting -----------------------------------------------------
+
+def _rss_kb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+
+
+_FAULT_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def _dump_frame(text):
+    """The innermost nnrun frame of a faulthandler dump (most recent call first, current thread first)."""
+    for match in _FAULT_FRAME.finditer(text):
+        filename = os.path.abspath(match.group(1))
+        if filename.startswith(NNRUN_DIR + os.sep):
+            return _frame_text(filename, match.group(2), match.group(3))
+    return "outside nnrun"
+
+
+@dataclass
+class _Running:
+    pid: int
+    case: Case
+    fds: dict  # fd -> "result" | "trace"
+    started: float
+    rss_kb: int
+    chunks: dict = field(default_factory=lambda: {"result": [], "trace": []})
+    killed: bool = False
+
+
+def _finish(running, status, rusage, settings):
+    """The record of a child that has exited."""
+    text = b"".join(running.chunks["result"]).decode(errors="replace")
+    trace = b"".join(running.chunks["trace"]).decode(errors="replace")
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    elapsed = time.monotonic() - running.started
+    record = records[0] if records else None
+    abnormal = None
+    if os.WIFSIGNALED(status):
+        abnormal = signal.Signals(os.WTERMSIG(status)).name
+    elif os.WEXITSTATUS(status):
+        abnormal = f"exit {os.WEXITSTATUS(status)}"
+    if record is None:
+        hung = running.killed or elapsed >= settings.timeout
+        if "fuzz harness error" in trace:
+            record = {"outcome": "lost", "error": "harness", "message": _short(trace, 2000)}
+        else:
+            record = {"outcome": "hang" if hung else "signal",
+                      "error": "timeout" if hung else (abnormal or "no outcome"),
+                      "message": _short(trace.splitlines()[0] if trace else "", 200), "frame": _dump_frame(trace),
+                      "traceback": trace[-6000:]}
+        record["seconds"] = elapsed
+    growth = rusage.ru_maxrss - running.rss_kb
+    record["rss_growth_kb"] = growth
+    if record["outcome"] not in BUGS and growth * 1024 > settings.rss_limit:
+        record.update(outcome="memory", error=f"RSS grew {growth // 1024} MiB", was=record["outcome"])
+    if settings.parity and running.case.format == "onnx":
+        if len(records) > 1:
+            record.update(records[1])
+        elif records:
+            record["ort"] = f"died ({abnormal or 'timeout'})"
+    return record
+
+
+def run_cases(cases, target=None, settings=Settings(), jobs=None, workdir=None, on_record=None):
+    """Run each case in a forked child, `jobs` at a time; yield (case, record) as they finish.
+
+    `target(case, progress)` is what a child runs (default: nnrun on the mutant); tests inject one.
+    """
+    jobs = jobs or os.cpu_count() or 1
+    own_workdir = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="nnrun-fuzz-work-")
+    if target is None:
+        def target(case, progress):
+            nnrun_target(case, progress, settings, workdir)
+    parity = None
+    if settings.parity:
+        def parity(case):
+            return onnxruntime_load(case, workdir)
+    cases = iter(cases)
+    running = {}
+    poller = select.poll()
+    by_fd = {}
+    more = True
+    try:
+        while more or running:
+            while more and len(running) < jobs:
+                case = next(cases, None)
+                if case is None:
+                    more = False
+                    break
+                child = _start(case, target, settings, parity)
+                running[child.pid] = child
+                for fd in child.fds:
+                    poller.register(fd, select.POLLIN)
+                    by_fd[fd] = child
+            if not running:
+                break
+            now = time.monotonic()
+            deadline = min(c.started + settings.timeout + 5 for c in running.values())
+            for fd, _ in poller.poll(max(0, deadline - now) * 1000):
+                child = by_fd[fd]
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    child.chunks[child.fds[fd]].append(chunk)
+                    continue
+                poller.unregister(fd)
+                os.close(fd)
+                del by_fd[fd]
+                del child.fds[fd]
+                if not child.fds:
+                    _, status, rusage = os.wait4(child.pid, 0)
+                    del running[child.pid]
+                    _remove_case_dir(workdir, child)
+                    yield child.case, _finish(child, status, rusage, settings)
+            now = time.monotonic()
+            for child in running.values():
+                if not child.killed and now > child.started + settings.timeout + 5:
+                    os.kill(child.pid, signal.SIGKILL)  # faulthandler's exit did not come: the backstop
+                    child.killed = True
+    finally:
+        for child in running.values():
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
+            except OSError:
+                pass
+            for fd in child.fds:
+                os.close(fd)
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _remove_case_dir(workdir, child):
+    if child.case.from_path and child.case.path is None:
+        shutil.rmtree(os.path.join(workdir, f"case-{child.case.index}-{child.pid}"), ignore_errors=True)
+
+
+def _start(case, target, settings, parity):
+    result_read, result_write = os.pipe()
+    trace_read, trace_write = os.pipe()
+    rss = _rss_kb()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(result_read)
+        os.close(trace_read)
+        _child(case, target, settings, result_write, trace_write, parity)
+    os.close(result_write)
+    os.close(trace_write)
+    return _Running(pid, case, {result_read: "result", trace_read: "trace"}, time.monotonic(), rss)
+
+
+# -- results ----------------------------------------------------------------------------------------
+
+def signature(record):
+    return (record["outcome"], record.get("error", ""), record.get("frame", ""))
+
+
+class Results:
+    """Counts per outcome, the distinct bug signatures with a reproducer each, parity disagreements."""
+
+    def __init__(self, out=None):
+        self.out = out
+        self.counts = collections.Counter()
+        self.by_format = collections.Counter()
+        self.errors = collections.defaultdict(collections.Counter)  # outcome -> error class -> count
+        self.causes = collections.Counter()  # typed errors wrapping a foreign exception, by its type
+        self.bugs = {}  # signature -> {"count", "path", "case", "record"}
+        self.parity = collections.defaultdict(list)  # kind -> [(case, record)]
+        self.ort_died = 0
+        self.records = []
+        self.by_mutator = collections.defaultdict(collections.Counter)  # mutator -> outcome -> count
+
+    def add(self, case, record):
+        outcome = record["outcome"]
+        self.counts[outcome] += 1
+        self.by_format[case.format] += 1
+        self.by_mutator[case.mutator][outcome] += 1
+        if record.get("error"):
+            self.errors[outcome][record["error"]] += 1
+        if record.get("cause"):
+            self.causes[record["cause"]] += 1
+        self.records.append((case, record))
+        if outcome in BUGS or outcome == "lost":
+            key = signature(record)
+            found = self.bugs.get(key)
+            if found is None:
+                path = self._save(case, record) if self.out else None
+                self.bugs[key] = {"count": 1, "path": path, "case": case, "record": record}
+            else:
+                found["count"] += 1
+                if self.out:
+                    self._save(case, record)
+        self._parity(case, record)
+
+    def _parity(self, case, record):
+        ort = record.get("ort")
+        if ort is None:
+            return
+        if ort.startswith("died"):
+            self.ort_died += 1
+            return
+        nnrun_accepts = record["outcome"] in ("ok", "run-error", "unfed")
+        if record["outcome"] == "rejected" and ort == "accepted":
+            self.parity["nnrun rejects, onnxruntime loads"].append((case, record))
+        elif nnrun_accepts and ort == "rejected":
+            self.parity["nnrun loads, onnxruntime rejects"].append((case, record))
+
+    def _save(self, case, record):
+        folder = os.path.join(self.out, record["outcome"])
+        os.makedirs(folder, exist_ok=True)
+        if case.mutant.files:  # the model beside its external data, as it was loaded
+            folder = os.path.join(folder, case.name)
+            os.makedirs(folder, exist_ok=True)
+            for name, data in case.mutant.files:
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(data)
+            path = os.path.join(folder, "model" + case.seed.suffix)
+        else:
+            path = os.path.join(folder, case.name + case.seed.suffix)
+        with open(path, "wb") as f:
+            f.write(case.mutant.data)
+        with open(os.path.splitext(path)[0] + ".txt", "w") as f:
+            f.write(case_report(case, record, path))
+        return path
+
+    @property
+    def bug_count(self):
+        return sum(self.counts[c] for c in BUGS)
+
+    def summary(self, elapsed=None):
+        lines = []
+        formats = ", ".join(f"{k} {v}" for k, v in sorted(self.by_format.items()))
+        took = f" in {elapsed:.0f} s ({sum(self.counts.values()) / max(elapsed, 1e-9):.1f}/s)" if elapsed else ""
+        lines.append(f"cases run   {sum(self.counts.values()):>7}   ({formats}){took}")
+        for outcome in OUTCOMES + ("lost",):
+            if outcome == "lost" and not self.counts[outcome]:
+                continue
+            errors = self.errors.get(outcome)
+            detail = ""
+            if errors and outcome in ("rejected", "run-error", "slow-error"):
+                detail = "   " + ", ".join(f"{k} {v}" for k, v in errors.most_common(6))
+            lines.append(f"{outcome:<11} {self.counts[outcome]:>7}{detail}")
+        if self.causes:
+            lines.append("typed errors wrapping a foreign exception: " +
+                         ", ".join(f"{k} {v}" for k, v in self.causes.most_common(8)))
+        lines.append("")
+        shown = ("ok", "rejected", "run-error", "unfed")
+        lines.append(f"{'by mutator':<22}" + "".join(f"{c:>10}" for c in shown) + f"{'bugs':>10}")
+        for mutator, counts in sorted(self.by_mutator.items()):
+            lines.append(f"  {mutator:<20}" + "".join(f"{counts[c]:>10}" for c in shown)
+                         + f"{sum(counts[c] for c in BUGS):>10}")
+        lines.append("")
+        lines.append(f"distinct bug signatures: {len(self.bugs)}")
+        for (outcome, error, frame), bug in sorted(self.bugs.items(), key=lambda kv: (kv[0][0], -kv[1]["count"])):
+            lines.append(f"  {outcome:<10} {error:<28} {frame}   x{bug['count']}")
+            lines.append(f"             {bug['path'] or bug['case'].name}")
+        if self.parity or self.ort_died:
+            lines.append("")
+            lines += self.parity_summary()
+        return "\n".join(lines)
+
+    def parity_summary(self, examples=3):
+        checked = sum(1 for _, r in self.records if "ort" in r)
+        lines = [f"parity with onnxruntime at load: {checked} ONNX mutants; onnxruntime died on {self.ort_died}"]
+        for kind in ("nnrun loads, onnxruntime rejects", "nnrun rejects, onnxruntime loads"):
+            found = self.parity.get(kind, [])
+            lines.append(f"  {kind}: {len(found)}")
+            groups = collections.Counter((c.mutator, r.get("op") or c.mutant.op or "-") for c, r in found)
+            for (mutator, op), n in groups.most_common(12):
+                lines.append(f"      {n:>5}  {mutator} / {op}")
+            for case, record in found[:examples]:
+                lines.append(f"    e.g. {case.name}: {case.mutant.what}")
+                if record.get("ort_message"):
+                    lines.append(f"         onnxruntime: {_short(record['ort_message'], 160)}")
+                if record.get("message"):
+                    lines.append(f"         nnrun: {_short(record['message'], 160)}")
+        return lines
+
+    def as_json(self):
+        return {"counts": dict(self.counts), "by_format": dict(self.by_format),
+                "errors": {k: dict(v) for k, v in self.errors.items()}, "causes": dict(self.causes),
+                "bugs": [{"outcome": o, "error": e, "frame": f, "count": b["count"], "path": b["path"],
+                          "case": b["case"].name, "what": b["case"].mutant.what,
+                          "message": b["record"].get("message", "")}
+                         for (o, e, f), b in self.bugs.items()],
+                "parity": {kind: [{"case": c.name, "what": c.mutant.what, "mutator": c.mutator, "op": c.mutant.op,
+                                   "nnrun": r.get("error") or r["outcome"], "ort_message": r.get("ort_message", "")}
+                                  for c, r in found] for kind, found in self.parity.items()},
+                "ort_died": self.ort_died}
+
+
+def case_report(case, record, path):
+    """The text file saved beside a bug's model."""
+    lines = [f"case        {case.name}",
+             f"seed        {case.seed.name} ({case.format})",
+             f"mutator     {case.mutator}",
+             f"index       {case.index}",
+             f"base seed   {case.base}",
+             f"mutated     {case.mutant.what}",
+             f"loaded from {'a file' if case.from_path else 'bytes'}",
+             f"outcome     {record['outcome']}",
+             f"error       {record.get('error', '')}",
+             f"frame       {record.get('frame', '')}",
+             f"seconds     {record.get('seconds', 0):.3f} ({record.get('cpu_seconds', 0):.3f} of CPU)",
+             f"message     {record.get('message', '')}",
+             "",
+             f"reproduce   nnrun-fuzz replay {os.path.basename(path)}",
+             f"regenerate  nnrun-fuzz mutant {case.seed.name} {case.mutator} {case.index} --base-seed {case.base}",
+             "",
+             record.get("traceback", "")]
+    return "\n".join(lines) + "\n"
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+def _select(items, names, what):
+    if not names:
+        return list(items)
+    wanted = set(names.split(","))
+    unknown = wanted - {i.name for i in items}
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(sorted(unknown))}")
+    return [i for i in items if i.name in wanted]
+
+
+def _settings(args):
+    return Settings(timeout=args.timeout, slow=args.slow, memory_margin=int(args.memory_margin * MiB),
+                    rss_limit=int(args.rss_limit * MiB), max_tensor_bytes=int(args.max_tensor_mib * MiB),
+                    parity=getattr(args, "parity", False))
+
+
+def warm_up(seeds):
+    """Run each seed once here, before any fork: every lazy import happens once, in the parent, and a
+    seed that does not run is an error of the fuzzer."""
+    settings = Settings()
+    with tempfile.TemporaryDirectory() as workdir:
+        for seed in seeds:
+            case = Case(-1, 0, seed, "none", Mutant(seed.data, "the seed", files=seed.files), bool(seed.files))
+            nnrun_target(case, Progress(), settings, workdir)
+    gc.collect()
+
+
+def fuzz(count, seeds, mutators, settings, jobs=None, base=0, out=None, start=0, progress_every=10.0):
+    """Run `count` cases; return Results (bugs saved under `out`)."""
+    warm_up(seeds)
+    if settings.parity:
+        import onnxruntime  # noqa: F401 - imported once here, not in each child
+    plan = CasePlan(seeds, mutators, base)
+    results = Results(out)
+    started = last = time.monotonic()
+    for case, record in run_cases(plan.cases(count, start), settings=settings, jobs=jobs):
+        record.setdefault("op", case.mutant.op)
+        results.add(case, record)
+        now = time.monotonic()
+        if progress_every and now - last > progress_every:
+            last = now
+            done = sum(results.counts.values())
+            print(f"[nnrun-fuzz] {done}/{count} cases, {done / (now - started):.1f}/s, "
+                  f"{results.bug_count} bug outcomes, {len(results.bugs)} signatures", file=sys.stderr, flush=True)
+    results.elapsed = time.monotonic() - started
+    return results
+
+
+def _cmd_run(args):
+    seeds = [s for s in _select(all_seeds(), args.seeds, "seeds") if s.format in args.formats.split(",")]
+    mutators = _select(MUTATORS.values(), args.mutators, "mutators")
+    out = args.out or tempfile.mkdtemp(prefix="nnrun-fuzz-")
+    os.makedirs(out, exist_ok=True)
+    settings = _settings(args)
+    print(f"nnrun-fuzz: {args.cases} cases from {len(seeds)} seeds, {len(mutators)} mutators, base seed "
+          f"{args.base_seed}, {args.jobs or os.cpu_count()} jobs; findings in {out}", file=sys.stderr)
+    results = fuzz(args.cases, seeds, mutators, settings, args.jobs, args.base_seed, out, args.start)
+    text = results.summary(results.elapsed)
+    print(text)
+    with open(os.path.join(out, "summary.txt"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(results.as_json(), f, indent=1, default=str)
+    return 1 if results.bug_count else 0
+
+
+def _cmd_replay(args):
+    settings = replace(_settings(args), quiet_child=False)
+    cases = []
+    for k, path in enumerate(args.paths):
+        with open(path, "rb") as f:
+            data = f.read()
+        fmt = "tflite" if data[4:8] == b"TFL3" or path.endswith(".tflite") else "onnx"
+        seed = Seed(os.path.basename(path), fmt, data)
+        cases.append(Case(k, 0, seed, "replay", Mutant(data, "replayed"), True, os.path.abspath(path)))
+    status = 0
+    for case, record in run_cases(cases, settings=settings, jobs=1):
+        status |= record["outcome"] in BUGS
+        print(f"{case.path}: {record['outcome']}  {record.get('error', '')}  {record.get('frame', '')}")
+        if record.get("message"):
+            print(f"  {record['message']}")
+        if args.verbose and record.get("traceback"):
+            print(record["traceback"])
+    return status
+
+
+def _cmd_mutant(args):
+    seed = next((s for s in all_seeds() if s.name == args.seed), None)
+    if seed is None or args.mutator not in MUTATORS:
+        raise SystemExit("unknown seed or mutator (nnrun-fuzz list)")
+    mutant = mutate(seed, MUTATORS[args.mutator], args.index, args.base_seed, all_seeds())
+    output = args.output or f"{args.index:06d}-{seed.name}-{args.mutator}{seed.suffix}"
+    with open(output, "wb") as f:
+        f.write(mutant.data)
+    for name, data in mutant.files:
+        with open(os.path.join(os.path.dirname(output) or ".", name), "wb") as f:
+            f.write(data)
+    print(f"{output}: {mutant.what}")
+    return 0
+
+
+def _cmd_list(args):
+    for seed in all_seeds():
+        extra = f", with {', '.join(n for n, _ in seed.files)}" if seed.files else ""
+        print(f"seed     {seed.name:<20} {seed.format:<7} {len(seed.data):>6} bytes{extra}")
+    for mutator in MUTATORS.values():
+        print(f"mutator  {mutator.name:<20} {', '.join(mutator.formats)}")
+    return 0
+
+
+def drift(runs, warmup=200, seed_names=("tiny_cnn", "tflite_conv"), samples=10, out=print):
+    """RSS (psutil) of this process around `runs` runs of each model, after `warmup` runs; returns
+    {model: (rss after warm-up, rss after the runs)} in bytes."""
+    import psutil
+
+    process = psutil.Process()
+    seeds = {s.name: s for s in all_seeds()}
+    figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in seed_names:
+            seed = seeds[name]
+            path = os.path.join(folder, name + seed.suffix)
+            with open(path, "wb") as f:
+                f.write(seed.data)
+            options = nnrun.SessionOptions()
+            options.weight_cache_dir = os.path.join(folder, "cache")
+            session = nnrun.InferenceSession(path, sess_options=options)
+            feeds = make_feeds(session.get_inputs(), np.random.default_rng(0))
+            for _ in range(warmup):
+                session.run(None, feeds)
+            gc.collect()
+            before = process.memory_info().rss
+            trail = []
+            for k in range(runs):
+                session.run(None, feeds)
+                if samples and (k + 1) % max(1, runs // samples) == 0:
+                    trail.append((process.memory_info().rss - before) // 1024)
+            gc.collect()
+            after = process.memory_info().rss
+            figures[name] = (before, after)
+            out(f"{name:<12} {seed.format:<6} RSS after {warmup} warm-up runs {before // 1024:>8,} kB, "
+                f"after {runs} more {after // 1024:>8,} kB: drift {(after - before) // 1024:+,} kB "
+                f"({(after - before) / runs:+.1f} B/run)")
+            out(f"{'':<20}drift along the way (kB): {', '.join(f'{v:+}' for v in trail)}")
+            session.close()
+    total = sum(after - before for before, after in figures.values())
+    out(f"{'total':<12} drift {total // 1024:+,} kB over {runs} runs of each model")
+    return figures
+
+
+def _cmd_drift(args):
+    figures = drift(args.runs, args.warmup)
+    worst = max(after - before for before, after in figures.values())
+    return 1 if worst > args.limit_kb * 1024 else 0
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="nnrun-fuzz", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command")
+
+    def limits(q):
+        q.add_argument("--timeout", type=float, default=10.0, help="seconds a case may take (default 10)")
+        q.add_argument("--slow", type=float, default=1.0, help="CPU seconds after which a typed error is slow (1)")
+        q.add_argument("--memory-margin", type=float, default=2048, metavar="MIB",
+                       help="address space a case may add, MiB (2048)")
+        q.add_argument("--rss-limit", type=float, default=1024, metavar="MIB",
+                       help="RSS growth of a case that counts as a memory bug, MiB (1024)")
+        q.add_argument("--max-tensor-mib", type=float, default=256,
+                       help="SessionOptions.max_tensor_bytes, where nnrun has it, MiB (256)")
+
+    run = sub.add_parser("run", help="mutate, run and classify (the default command)")
+    run.add_argument("--cases", type=int, default=1000)
+    run.add_argument("--start", type=int, default=0, help="first case index (default 0)")
+    run.add_argument("--jobs", type=int, default=None, help="children at a time (default: the CPU count)")
+    run.add_argument("--base-seed", type=int, default=0)
+    run.add_argument("--out", help="findings directory (default: a new temporary directory)")
+    run.add_argument("--formats", default="onnx,tflite")
+    run.add_argument("--seeds", help="comma-separated seed names (default: all; nnrun-fuzz list)")
+    run.add_argument("--mutators", help="comma-separated mutator names (default: all)")
+    run.add_argument("--parity", action="store_true", help="also load ONNX mutants in onnxruntime")
+    limits(run)
+    run.set_defaults(func=_cmd_run)
+
+    replay = sub.add_parser("replay", help="run saved mutants through the same harness")
+    replay.add_argument("paths", nargs="+")
+    replay.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
+    limits(replay)
+    replay.set_defaults(func=_cmd_replay)
+
+    mutant = sub.add_parser("mutant", help="write the mutant of one case")
+    mutant.add_argument("seed")
+    mutant.add_argument("mutator")
+    mutant.add_argument("index", type=int)
+    mutant.add_argument("--base-seed", type=int, default=0)
+    mutant.add_argument("-o", "--output")
+    mutant.set_defaults(func=_cmd_mutant)
+
+    listing = sub.add_parser("list", help="the seeds and mutators")
+    listing.set_defaults(func=_cmd_list)
+
+    drift_cmd = sub.add_parser("drift", help="RSS drift over many runs of one ONNX and one TFLite model")
+    drift_cmd.add_argument("--runs", type=int, default=10000)
+    drift_cmd.add_argument("--warmup", type=int, default=200)
+    drift_cmd.add_argument("--limit-kb", type=float, default=100, help="exit 1 when a model drifts more (100)")
+    drift_cmd.set_defaults(func=_cmd_drift)
+    return p
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("run", "replay", "mutant", "list", "drift", "-h", "--help"):
+        argv.insert(0, "run")
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
