@@ -28,9 +28,13 @@ The outcome, sent back through a pipe:
     slow-error  a typed error that took more than --slow CPU seconds to arrive (CPU time: on a busy
                 machine a quick refusal may wait for a core)
 
-Bugs are deduplicated by signature: class, exception type and the innermost frame inside nnrun.
-With --parity, an ONNX mutant is also loaded by onnxruntime in the same child after nnrun's outcome
-is sent (so a crash there is not nnrun's), and the load-time disagreements are reported.
+Bugs are deduplicated by signature: class, exception type and the innermost frame inside nnrun
+(for a hang, the outermost frame in ops/: the op whose loop did not end). With --parity, an ONNX
+mutant is also loaded by onnxruntime in the same child after nnrun's outcome is sent (so a crash
+there is not nnrun's), and run when it loads; the disagreements at load are reported: what nnrun
+loads and onnxruntime refuses (a validation gap), and what nnrun refuses and onnxruntime loads,
+split by whether onnxruntime then runs it (nnrun, which prepares at session creation, refuses at
+load what onnxruntime refuses at its first run).
 """
 
 import argparse
@@ -126,7 +130,8 @@ class CasePlan:
     def case(self, index):
         pick = random.Random(f"nnrun-fuzz case {self.base} {index}")
         seed = pick.choice(self.seeds)
-        mutator = pick.choice(self.usable[seed.name])
+        usable = self.usable[seed.name]
+        mutator = pick.choices(usable, weights=[m.weight for m in usable])[0]
         from_path = bool(seed.files) or pick.random() < FROM_PATH_SHARE
         return Case(index, self.base, seed, mutator.name, mutate(seed, mutator, index, self.base, self.seeds),
                     from_path)
@@ -228,7 +233,8 @@ def nnrun_target(case, progress, settings, workdir):
 
 
 def onnxruntime_load(case, workdir):
-    """Whether onnxruntime loads the mutant (session creation, no run), as a parity record."""
+    """Whether onnxruntime loads the mutant, and when it does whether it runs it on feeds made as
+    nnrun's are, as a parity record."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -237,10 +243,15 @@ def onnxruntime_load(case, workdir):
     options.log_severity_level = 4
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        onnxruntime.InferenceSession(model_source(case, workdir), options, providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(model_source(case, workdir), options,
+                                               providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - any refusal is a refusal
         return {"ort": "rejected", "ort_error": type(e).__name__, "ort_message": _short(str(e))}
-    return {"ort": "accepted"}
+    try:
+        session.run(None, make_feeds(session.get_inputs(), np.random.default_rng(max(case.index, 0))))
+    except Exception as e:  # noqa: BLE001 - as above
+        return {"ort": "accepted", "ort_run": "failed", "ort_message": _short(str(e))}
+    return {"ort": "accepted", "ort_run": "ok"}
 
 
 # -- classification, in the child --------------------------------------------------------------------
@@ -355,13 +366,19 @@ def _rss_kb():
 _FAULT_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
 
-def _dump_frame(text):
-    """The innermost nnrun frame of a faulthandler dump (most recent call first, current thread first)."""
+def _dump_frame(text, prefer=None):
+    """The innermost nnrun frame of a faulthandler dump (most recent call first, current thread
+    first); with `prefer` (a folder of nnrun), the outermost frame inside it, where there is one."""
+    frames = []
     for match in _FAULT_FRAME.finditer(text):
         filename = os.path.abspath(match.group(1))
         if filename.startswith(NNRUN_DIR + os.sep):
-            return _frame_text(filename, match.group(2), match.group(3))
-    return "outside nnrun"
+            frames.append((filename, match.group(2), match.group(3)))
+        elif frames:
+            break  # the end of the innermost thread's nnrun frames
+    preferred = [f for f in frames if prefer and f[0].startswith(os.path.join(NNRUN_DIR, prefer) + os.sep)]
+    chosen = preferred[-1] if preferred else (frames or [None])[0]
+    return _frame_text(*chosen) if chosen else "outside nnrun"
 
 
 @dataclass
@@ -394,7 +411,10 @@ def _finish(running, status, rusage, settings):
         else:
             record = {"outcome": "hang" if hung else "signal",
                       "error": "timeout" if hung else (abnormal or "no outcome"),
-                      "message": _short(trace.splitlines()[0] if trace else "", 200), "frame": _dump_frame(trace),
+                      # A hang's innermost frame is wherever the loop happened to be: the op that
+                      # runs it (the outermost frame in ops/) is the better signature.
+                      "message": _short(trace.splitlines()[0] if trace else "", 200),
+                      "frame": _dump_frame(trace, "ops" if hung else None),
                       "traceback": trace[-6000:]}
         record["seconds"] = elapsed
     growth = rusage.ru_maxrss - running.rss_kb
@@ -515,9 +535,9 @@ class Results:
         self.errors = collections.defaultdict(collections.Counter)  # outcome -> error class -> count
         self.causes = collections.Counter()  # typed errors wrapping a foreign exception, by its type
         self.bugs = {}  # signature -> {"count", "path", "case", "record"}
-        self.parity = collections.defaultdict(list)  # kind -> [(case, record)]
+        self.parity = collections.defaultdict(list)  # kind -> [disagreement (a small dict)]
+        self.parity_checked = 0
         self.ort_died = 0
-        self.records = []
         self.by_mutator = collections.defaultdict(collections.Counter)  # mutator -> outcome -> count
 
     def add(self, case, record):
@@ -529,7 +549,6 @@ class Results:
             self.errors[outcome][record["error"]] += 1
         if record.get("cause"):
             self.causes[record["cause"]] += 1
-        self.records.append((case, record))
         if outcome in BUGS or outcome == "lost":
             key = signature(record)
             found = self.bugs.get(key)
@@ -546,14 +565,21 @@ class Results:
         ort = record.get("ort")
         if ort is None:
             return
+        self.parity_checked += 1
         if ort.startswith("died"):
             self.ort_died += 1
             return
-        nnrun_accepts = record["outcome"] in ("ok", "run-error", "unfed")
+        kind = None
         if record["outcome"] == "rejected" and ort == "accepted":
-            self.parity["nnrun rejects, onnxruntime loads"].append((case, record))
-        elif nnrun_accepts and ort == "rejected":
-            self.parity["nnrun loads, onnxruntime rejects"].append((case, record))
+            kind = ("nnrun rejects, onnxruntime loads and runs" if record.get("ort_run") == "ok"
+                    else "nnrun rejects, onnxruntime loads but fails to run")
+        elif record["outcome"] in ("ok", "run-error", "unfed") and ort == "rejected":
+            kind = "nnrun loads, onnxruntime rejects"
+        if kind is not None:
+            self.parity[kind].append({"case": case.name, "mutator": case.mutator, "op": case.mutant.op or "-",
+                                      "what": case.mutant.what, "nnrun": record.get("error") or record["outcome"],
+                                      "nnrun_message": record.get("message", ""),
+                                      "ort_message": record.get("ort_message", "")})
 
     def _save(self, case, record):
         folder = os.path.join(self.out, record["outcome"])
@@ -610,20 +636,21 @@ class Results:
         return "\n".join(lines)
 
     def parity_summary(self, examples=3):
-        checked = sum(1 for _, r in self.records if "ort" in r)
-        lines = [f"parity with onnxruntime at load: {checked} ONNX mutants; onnxruntime died on {self.ort_died}"]
-        for kind in ("nnrun loads, onnxruntime rejects", "nnrun rejects, onnxruntime loads"):
+        lines = [f"parity with onnxruntime at load: {self.parity_checked} ONNX mutants; "
+                 f"onnxruntime died on {self.ort_died}"]
+        for kind in ("nnrun loads, onnxruntime rejects", "nnrun rejects, onnxruntime loads and runs",
+                     "nnrun rejects, onnxruntime loads but fails to run"):
             found = self.parity.get(kind, [])
             lines.append(f"  {kind}: {len(found)}")
-            groups = collections.Counter((c.mutator, r.get("op") or c.mutant.op or "-") for c, r in found)
-            for (mutator, op), n in groups.most_common(12):
-                lines.append(f"      {n:>5}  {mutator} / {op}")
-            for case, record in found[:examples]:
-                lines.append(f"    e.g. {case.name}: {case.mutant.what}")
-                if record.get("ort_message"):
-                    lines.append(f"         onnxruntime: {_short(record['ort_message'], 160)}")
-                if record.get("message"):
-                    lines.append(f"         nnrun: {_short(record['message'], 160)}")
+            groups = collections.Counter((d["op"], _pattern(d["what"])) for d in found)
+            for (op, pattern), n in groups.most_common(15):
+                lines.append(f"      {n:>5}  {op:<18} {_short(pattern, 90)}")
+            for d in found[:examples]:
+                lines.append(f"    e.g. {d['case']}: {_short(d['what'], 200)}")
+                if d["ort_message"]:
+                    lines.append(f"         onnxruntime: {_short(d['ort_message'], 160)}")
+                if d["nnrun_message"]:
+                    lines.append(f"         nnrun: {_short(d['nnrun_message'], 160)}")
         return lines
 
     def as_json(self):
@@ -633,10 +660,16 @@ class Results:
                           "case": b["case"].name, "what": b["case"].mutant.what,
                           "message": b["record"].get("message", "")}
                          for (o, e, f), b in self.bugs.items()],
-                "parity": {kind: [{"case": c.name, "what": c.mutant.what, "mutator": c.mutator, "op": c.mutant.op,
-                                   "nnrun": r.get("error") or r["outcome"], "ort_message": r.get("ort_message", "")}
-                                  for c, r in found] for kind, found in self.parity.items()},
+                "parity": dict(self.parity), "parity_checked": self.parity_checked,
                 "ort_died": self.ort_died}
+
+
+def _pattern(what):
+    """What a mutation did with its names and numbers blanked: mutations of one kind group together."""
+    what = re.sub(r"(node|initializer|graph input|graph output|tensor) '[^']*'", r"\1 _", what.split("; ")[0])
+    what = re.sub(r"b?'[^']*'", "'_'", what)
+    what = re.sub(r" in main/\S+", " in a body", what)
+    return re.sub(r"-?\b\d+(\.\d+)?(e[+-]?\d+)?\b", "N", what)
 
 
 def case_report(case, record, path):
@@ -737,7 +770,10 @@ def _cmd_replay(args):
             data = f.read()
         fmt = "tflite" if data[4:8] == b"TFL3" or path.endswith(".tflite") else "onnx"
         seed = Seed(os.path.basename(path), fmt, data)
-        cases.append(Case(k, 0, seed, "replay", Mutant(data, "replayed"), True, os.path.abspath(path)))
+        # The case index seeds the feeds: a saved case's name starts with it.
+        index = re.search(r"(\d{6})-[^/]*$", os.path.abspath(path))
+        cases.append(Case(int(index.group(1)) if index else k, 0, seed, "replay", Mutant(data, "replayed"), True,
+                          os.path.abspath(path)))
     status = 0
     for case, record in run_cases(cases, settings=settings, jobs=1):
         status |= record["outcome"] in BUGS
@@ -773,9 +809,36 @@ def _cmd_list(args):
     return 0
 
 
-def drift(runs, warmup=200, seed_names=("tiny_cnn", "tflite_conv"), samples=10, out=print):
-    """RSS (psutil) of this process around `runs` runs of each model, after `warmup` runs; returns
-    {model: (rss after warm-up, rss after the runs)} in bytes."""
+def _heap_growth(session, feeds, runs):
+    """Where the Python heap grows over `runs` more runs (tracemalloc): RSS moves by pages and
+    arenas, this finds the objects a run leaves behind."""
+    import tracemalloc
+
+    tracemalloc.start()
+    gc.collect()
+    first = tracemalloc.take_snapshot()
+    for _ in range(runs):
+        session.run(None, feeds)
+    gc.collect()
+    second = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    diffs = [d for d in second.compare_to(first, "lineno") if d.size_diff > 0]
+    total = sum(d.size_diff for d in diffs)
+    lines = [f"Python heap over {runs} more runs (tracemalloc): {total / 1024:+,.1f} kB "
+             f"({total / runs:+.1f} B/run)"]
+    for d in sorted(diffs, key=lambda d: -d.size_diff)[:3]:
+        frame = d.traceback[0]
+        where = os.path.relpath(frame.filename, _FRAME_ROOT) if frame.filename.startswith(NNRUN_DIR) \
+            else os.path.basename(frame.filename)
+        lines.append(f"  {d.size_diff / 1024:+8.1f} kB in {d.count_diff:+} blocks at {where}:{frame.lineno}")
+    return lines
+
+
+def drift(runs, warmup=200, seed_names=("tiny_cnn", "tflite_conv"), samples=10, out=print, heap_runs=None):
+    """RSS (psutil) of this process around `runs` runs of each model, after `warmup` runs, and where
+    the Python heap grows over `heap_runs` more (default runs // 10); returns {model: (rss after
+    warm-up, rss after the runs)} in bytes."""
+    heap_runs = max(1, runs // 10) if heap_runs is None else heap_runs
     import psutil
 
     process = psutil.Process()
@@ -807,7 +870,10 @@ def drift(runs, warmup=200, seed_names=("tiny_cnn", "tflite_conv"), samples=10, 
                 f"after {runs} more {after // 1024:>8,} kB: drift {(after - before) // 1024:+,} kB "
                 f"({(after - before) / runs:+.1f} B/run)")
             out(f"{'':<20}drift along the way (kB): {', '.join(f'{v:+}' for v in trail)}")
-            session.close()
+            if heap_runs:
+                for line in _heap_growth(session, feeds, heap_runs):
+                    out(f"{'':<20}{line}")
+            del session
     total = sum(after - before for before, after in figures.values())
     out(f"{'total':<12} drift {total // 1024:+,} kB over {runs} runs of each model")
     return figures

@@ -336,10 +336,10 @@ def _mutate_op_type(model, rng, graphs):
     if not nodes:
         return None
     _, where, node = rng.choice(nodes)
-    old = node.op_type
+    old, label = node.op_type, _label(node, where)
     pool = rng.choice((_SEED_OPS, _all_op_types(), ("", "Bogus", "conv", "Conv ", "x" * 300)))
     node.op_type = rng.choice(pool)
-    return f"{_label(node, where)}: op type {old} -> {node.op_type!r}", old
+    return f"{label}: op type -> {node.op_type!r}", old
 
 
 _DOMAINS = ("com.microsoft", "ai.onnx.ml", "ai.onnx", "bogus.domain", "com.microsoft.nchwc", "ai.onnx.preview.training",
@@ -628,6 +628,9 @@ _ONNX_FIELDS = {
     "onnx_graph_io": _mutate_graph_io,
     "onnx_external_data": _mutate_external,
 }
+# What onnx_havoc stacks: all but the whole-model switches, which mostly end a case at the first check.
+_HAVOC_FIELDS = ("onnx_dims", "onnx_attribute", "onnx_attribute_type", "onnx_op_type", "onnx_rename",
+                 "onnx_nodes", "onnx_initializer", "onnx_values", "onnx_values", "onnx_graph_io")
 # What onnx_subgraph applies inside a body: the mutators whose target is a graph's contents.
 _SUBGRAPH_FIELDS = ("onnx_dims", "onnx_attribute", "onnx_attribute_type", "onnx_op_type", "onnx_rename",
                     "onnx_nodes", "onnx_initializer", "onnx_values", "onnx_graph_io")
@@ -669,14 +672,15 @@ class Site:
 
 
 class _SiteTable(flatbuffers.table.Table):
-    """A flatbuffers Table that records each scalar field and vector element read through it, and
-    each vector length it reads, as a Site in the current category."""
+    """A flatbuffers Table that records, while `recording`, each scalar field and vector element
+    read through it, and each vector length it reads, as a Site in the current category."""
 
-    __slots__ = ("sites", "category", "what")
+    __slots__ = ("sites", "category", "what", "recording")
 
     def __init__(self, table, sites, category, what):
         super().__init__(table.Bytes, table.Pos)
         self.sites, self.category, self.what = sites, category, what
+        self.recording = False
 
     def _raw(self, flags, off):
         return encode.Get(flags.packer_type, self.Bytes, off)
@@ -694,11 +698,13 @@ class _SiteTable(flatbuffers.table.Table):
     def VectorLen(self, off):
         at = off + self.Pos
         at += self._raw(N.UOffsetTFlags, at)
-        self.sites.append(Site(self.category, f"{self.what} length", at, "<I"))
+        if self.recording:
+            self.sites.append(Site(self.category, f"{self.what} length", at, "<I"))
         return self._raw(N.UOffsetTFlags, at)
 
     def Get(self, flags, off):
-        self.sites.append(Site(self.category, self.what, off, flags.packer_type.format))
+        if self.recording:
+            self.sites.append(Site(self.category, self.what, off, flags.packer_type.format))
         return super().Get(flags, off)
 
 
@@ -708,17 +714,20 @@ def _wrap(obj, sites, category, what):
 
 
 def _read(obj, category, what, method):
-    """Call the accessor `method` (and each element, for a vector) in `category`."""
+    """Call the accessor `method` (and each element, for a vector), recording in `category`."""
     tab = obj._tab
-    tab.category, tab.what = category, what
-    length = getattr(obj, f"{method}Length", None)
-    if length is None:
-        return getattr(obj, method)()
-    values = []
-    for k in range(length()):
-        tab.what = f"{what}[{k}]"
-        values.append(getattr(obj, method)(k))
-    return values
+    tab.category, tab.what, tab.recording = category, what, True
+    try:
+        length = getattr(obj, f"{method}Length", None)
+        if length is None:
+            return getattr(obj, method)()
+        values = []
+        for k in range(length()):
+            tab.what = f"{what}[{k}]"
+            values.append(getattr(obj, method)(k))
+        return values
+    finally:
+        tab.recording = False
 
 
 def _union_table(obj, slot):
@@ -789,8 +798,9 @@ def tflite_sites(data):
     data_at = {}  # buffer index -> (start, length) of its data vector
     for i in range(model.BuffersLength()):
         buffer = _wrap(model.Buffers(i), sites, "buffer_size", f"buffer {i}")
-        buffer._tab.what = f"buffer {i} data"
+        buffer._tab.what, buffer._tab.recording = f"buffer {i} data", True
         length = buffer.DataLength()
+        buffer._tab.recording = False
         if length:
             data_at[i] = (buffer._tab.Vector(buffer._tab.Offset(4)), length)
         _read(buffer, "buffer_size", f"buffer {i} offset", "Offset")
@@ -832,7 +842,12 @@ def tflite_sites(data):
             pos = _union_table(op, 12)
             if kind in _OPTION_CLASSES and pos is not None:
                 _option_sites(_OPTION_CLASSES[kind], buf, pos, sites, f"{what} {_OPTION_CLASSES[kind].__name__}")
-    return tuple(sites)
+    # An accessor may read another field too (BuiltinCode reads the deprecated code): a field's first
+    # reading names it.
+    unique = {}
+    for site in sites:
+        unique.setdefault(site.pos, site)
+    return tuple(unique.values())
 
 
 
@@ -857,6 +872,22 @@ def _site_value(rng, site, current):
     return value
 
 
+def _write_site(data, site, rng):
+    """Write an interesting value other than the present one over `site`; return what was done."""
+    current = struct.unpack_from(site.fmt, data, site.pos)[0]
+    value = current
+    for _ in range(8):
+        value = _site_value(rng, site, current)
+        if value != current and not (value != value and current != current):
+            break
+    struct.pack_into(site.fmt, data, site.pos, value)
+    return f"{site.what}: {current} -> {value}"
+
+
+def _site_op(site):
+    return site.what.split("(")[1].split(")")[0] if site.what.startswith("operator ") and "(" in site.what else ""
+
+
 def _tflite_mutator(category):
     def mutator(seed, rng, seeds):
         sites = [s for s in tflite_sites(seed.data) if s.category == category]
@@ -864,16 +895,37 @@ def _tflite_mutator(category):
             return None
         site = rng.choice(sites)
         data = bytearray(seed.data)
-        current = struct.unpack_from(site.fmt, data, site.pos)[0]
-        value = current
-        for _ in range(8):  # a value other than the one there
-            value = _site_value(rng, site, current)
-            if value != current and not (value != value and current != current):
-                break
-        struct.pack_into(site.fmt, data, site.pos, value)
-        op = site.what.split("(")[1].split(")")[0] if site.what.startswith("operator ") and "(" in site.what else ""
-        return Mutant(bytes(data), f"{site.what}: {current} -> {value}", op)
+        what = _write_site(data, site, rng)
+        return Mutant(bytes(data), what, _site_op(site))
     return mutator
+
+
+HAVOC = (2, 3, 4)  # how many mutations a havoc case stacks
+
+
+def tflite_havoc(seed, rng, seeds):
+    """Several fields of any category at once. Sites are found in the seed: writing in place moves
+    nothing, so they stay where they were (and a mutated file is never walked)."""
+    sites = tflite_sites(seed.data)
+    data = bytearray(seed.data)
+    picked = [rng.choice(sites) for _ in range(rng.choice(HAVOC))]
+    whats = [_write_site(data, site, rng) for site in picked]
+    return Mutant(bytes(data), "; ".join(whats), next((_site_op(s) for s in picked if _site_op(s)), ""))
+
+
+def onnx_havoc(seed, rng, seeds):
+    """Several field-aware mutations of one ModelProto, each seeing the ones before it."""
+    model = _parse(seed)
+    whats, ops = [], []
+    for _ in range(rng.choice(HAVOC)):
+        name = rng.choice(_HAVOC_FIELDS)
+        found = _ONNX_FIELDS[name](model, rng, list(_graphs(model.graph)))
+        if found is not None:
+            whats.append(found[0])
+            ops.append(found[1])
+    if not whats:
+        return None
+    return Mutant(model.SerializeToString(), "; ".join(whats), next((op for op in ops if op), ""))
 
 
 TFLITE_CATEGORIES = ("shape", "buffer_index", "opcode", "operator_io", "graph_io", "options", "quantization",
@@ -888,6 +940,10 @@ class Mutator:
     formats: tuple
     mutate: object  # fn(seed, rng, seeds) -> Mutant | None
     available: object = None  # fn(seed) -> bool: whether the seed has anything this mutator changes
+    # How often a case picks this mutator, relative to the others that apply to its seed: byte-level
+    # mutants mostly end at the parser, so the field-aware ones, which reach PREPARE and EXECUTE,
+    # get more of the cases.
+    weight: float = 2.0
 
     def applies(self, seed):
         return seed.format in self.formats and (self.available is None or self.available(seed))
@@ -911,13 +967,18 @@ def _has_sites(category):
 
 def _table():
     both = ("onnx", "tflite")
-    table = [Mutator(fn.__name__, both, fn) for fn in (bitflip, interesting_bytes, truncate, chunk_delete,
-                                                       chunk_insert, chunk_duplicate, splice)]
+    table = [Mutator(fn.__name__, both, fn, weight=1.0) for fn in (
+        bitflip, interesting_bytes, truncate, chunk_delete, chunk_insert, chunk_duplicate, splice)]
     needs = {"onnx_attribute_type": _has_attributes, "onnx_values": _has_small_constants}
-    table += [Mutator(name, ("onnx",), _onnx_mutator(fn), needs.get(name)) for name, fn in _ONNX_FIELDS.items()]
-    table.append(Mutator("onnx_subgraph", ("onnx",), onnx_subgraph, _has_subgraphs))
-    table += [Mutator(f"tflite_{category}", ("tflite",), _tflite_mutator(category), _has_sites(category))
+    weights = {"onnx_values": 4.0, "onnx_attribute": 3.0, "onnx_ir_version": 1.0, "onnx_opset": 1.0}
+    table += [Mutator(name, ("onnx",), _onnx_mutator(fn), needs.get(name), weights.get(name, 2.0))
+              for name, fn in _ONNX_FIELDS.items()]
+    table.append(Mutator("onnx_subgraph", ("onnx",), onnx_subgraph, _has_subgraphs, 3.0))
+    table.append(Mutator("onnx_havoc", ("onnx",), onnx_havoc, weight=4.0))
+    table += [Mutator(f"tflite_{category}", ("tflite",), _tflite_mutator(category), _has_sites(category),
+                      4.0 if category in ("values", "shape", "options") else 2.0)
               for category in TFLITE_CATEGORIES]
+    table.append(Mutator("tflite_havoc", ("tflite",), tflite_havoc, weight=4.0))
     return {m.name: m for m in table}
 
 
