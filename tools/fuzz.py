@@ -56,6 +56,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from onnx import TensorProto, helper
 
 import nnrun
 from nnrun import NnrunError
@@ -152,27 +153,34 @@ class Unfed(Exception):
     """The fuzzer cannot make feeds for the inputs a session describes."""
 
 
-_ELEMENTS = {"float": np.float32, "double": np.float64, "float16": np.float16, "int8": np.int8, "int16": np.int16,
-             "int32": np.int32, "int64": np.int64, "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32,
-             "uint64": np.uint64, "bool": np.bool_, "string": np.object_}
 MAX_FEED_ELEMENTS = 1 << 20
 
 
+def _element_dtype(element):
+    """The numpy dtype of an element type as onnxruntime names it ('float', 'bfloat16', ...)."""
+    if element == "string":
+        return np.dtype(object)
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(element.upper())))
+    except (ValueError, KeyError, TypeError):
+        raise Unfed(f"no feed for element type {element!r}") from None
+
+
 def _feed_array(element, shape, rng):
-    dtype = _ELEMENTS.get(element)
-    if dtype is None:
-        raise Unfed(f"no feed for element type {element!r}")
+    dtype = _element_dtype(element)
     dims = []
     for d in shape if shape is not None else [2]:
         dims.append(d if isinstance(d, int) and d >= 0 else 2)
     if int(np.prod(dims, dtype=np.float64)) > MAX_FEED_ELEMENTS:
         raise Unfed(f"an input of shape {dims} is too large to feed")
-    if dtype is np.object_:
+    if dtype == object:
         return np.full(dims, "a", dtype=object)
-    if dtype is np.bool_:
+    if dtype == np.bool_:
         return np.asarray(rng.random(dims) < 0.5)
-    if np.issubdtype(dtype, np.integer):
+    if dtype.kind in "iu" or "int" in dtype.name:  # ml_dtypes' int4 and uint4 are kind "V"
         return np.asarray(rng.integers(0, 3, dims)).astype(dtype)
+    if dtype.kind == "c":
+        return np.asarray(rng.standard_normal(dims) + 1j * rng.standard_normal(dims)).astype(dtype)
     return np.asarray(rng.standard_normal(dims)).astype(dtype)
 
 
@@ -277,10 +285,13 @@ def innermost_frame(tb):
 
 
 def _chain(error):
+    """The error and its causes, outermost first. An error re-raised `from` itself (errors.located
+    returns an error already located as it is) is its own __cause__: its __context__ goes on."""
     seen = []
     while error is not None and error not in seen:
         seen.append(error)
-        error = error.__cause__ or error.__context__
+        cause = error.__cause__
+        error = cause if cause is not None and cause is not error else error.__context__
     return seen
 
 
@@ -296,9 +307,12 @@ def classify(target, case, settings):
         seconds, cpu = time.monotonic() - started, time.process_time() - cpu_started
         chain = _chain(e)
         memory = next((c for c in chain if isinstance(c, MemoryError)), None)
-        shown = memory or e
+        # Where it went wrong: the MemoryError, else the innermost nnrun frame of the first cause
+        # that has one (a typed error raised from a kernel's ValueError points at the kernel).
+        frames = [innermost_frame(c.__traceback__) for c in ([memory] if memory else reversed(chain))]
+        frame = next((f for f in frames if f != "outside nnrun"), frames[0])
         record = {"error": type(e).__name__, "message": _short(e), "seconds": seconds, "cpu_seconds": cpu,
-                  "frame": innermost_frame(shown.__traceback__), "phase": progress.phase,
+                  "frame": frame, "phase": progress.phase,
                   "traceback": "".join(traceback.format_exception(e))[-6000:]}
         if memory is not None:
             record.update(outcome="memory", error=type(memory).__name__ if memory is e
@@ -308,6 +322,7 @@ def classify(target, case, settings):
             foreign = next((c for c in chain[1:] if not isinstance(c, NnrunError)), None)
             if foreign is not None:
                 record["cause"] = type(foreign).__name__
+                record["cause_frame"] = innermost_frame(foreign.__traceback__)
             # CPU time, not wall time: on a busy machine a quick refusal can wait a second for a core.
             if cpu > settings.slow:
                 record.update(outcome="slow-error", slow_class=record["outcome"])
@@ -368,7 +383,8 @@ _FAULT_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
 def _dump_frame(text, prefer=None):
     """The innermost nnrun frame of a faulthandler dump (most recent call first, current thread
-    first); with `prefer` (a folder of nnrun), the outermost frame inside it, where there is one."""
+    first); with `prefer` (a folder of nnrun), the outermost frame inside it but for the registry's
+    (which calls every kernel), where there is one."""
     frames = []
     for match in _FAULT_FRAME.finditer(text):
         filename = os.path.abspath(match.group(1))
@@ -376,7 +392,8 @@ def _dump_frame(text, prefer=None):
             frames.append((filename, match.group(2), match.group(3)))
         elif frames:
             break  # the end of the innermost thread's nnrun frames
-    preferred = [f for f in frames if prefer and f[0].startswith(os.path.join(NNRUN_DIR, prefer) + os.sep)]
+    folder = os.path.join(NNRUN_DIR, prefer or "") + os.sep
+    preferred = [f for f in frames if prefer and f[0].startswith(folder) and not f[0].endswith("registry.py")]
     chosen = preferred[-1] if preferred else (frames or [None])[0]
     return _frame_text(*chosen) if chosen else "outside nnrun"
 
@@ -405,7 +422,8 @@ def _finish(running, status, rusage, settings):
     elif os.WEXITSTATUS(status):
         abnormal = f"exit {os.WEXITSTATUS(status)}"
     if record is None:
-        hung = running.killed or elapsed >= settings.timeout
+        # faulthandler's dump at the timeout starts "Timeout (0:00:10)!"; the backstop kill has none.
+        hung = running.killed or trace.startswith("Timeout (")
         if "fuzz harness error" in trace:
             record = {"outcome": "lost", "error": "harness", "message": _short(trace, 2000)}
         else:
@@ -533,7 +551,7 @@ class Results:
         self.counts = collections.Counter()
         self.by_format = collections.Counter()
         self.errors = collections.defaultdict(collections.Counter)  # outcome -> error class -> count
-        self.causes = collections.Counter()  # typed errors wrapping a foreign exception, by its type
+        self.causes = collections.Counter()  # typed errors wrapping a foreign exception: (type, frame)
         self.bugs = {}  # signature -> {"count", "path", "case", "record"}
         self.parity = collections.defaultdict(list)  # kind -> [disagreement (a small dict)]
         self.parity_checked = 0
@@ -548,7 +566,7 @@ class Results:
         if record.get("error"):
             self.errors[outcome][record["error"]] += 1
         if record.get("cause"):
-            self.causes[record["cause"]] += 1
+            self.causes[(record["cause"], record.get("cause_frame", ""))] += 1
         if outcome in BUGS or outcome == "lost":
             key = signature(record)
             found = self.bugs.get(key)
@@ -617,8 +635,11 @@ class Results:
                 detail = "   " + ", ".join(f"{k} {v}" for k, v in errors.most_common(6))
             lines.append(f"{outcome:<11} {self.counts[outcome]:>7}{detail}")
         if self.causes:
-            lines.append("typed errors wrapping a foreign exception: " +
-                         ", ".join(f"{k} {v}" for k, v in self.causes.most_common(8)))
+            # By design (a kernel's ValueError becomes a ModelError naming the node), but each is a
+            # path the code did not foresee: where they come from is worth a look.
+            lines.append(f"typed errors wrapping a foreign exception: {sum(self.causes.values())}")
+            for (cause, frame), n in self.causes.most_common(12):
+                lines.append(f"  {n:>6}  {cause:<20} {frame}")
         lines.append("")
         shown = ("ok", "rejected", "run-error", "unfed")
         lines.append(f"{'by mutator':<22}" + "".join(f"{c:>10}" for c in shown) + f"{'bugs':>10}")
@@ -655,7 +676,8 @@ class Results:
 
     def as_json(self):
         return {"counts": dict(self.counts), "by_format": dict(self.by_format),
-                "errors": {k: dict(v) for k, v in self.errors.items()}, "causes": dict(self.causes),
+                "errors": {k: dict(v) for k, v in self.errors.items()},
+                "causes": [{"cause": c, "frame": f, "count": n} for (c, f), n in self.causes.most_common()],
                 "bugs": [{"outcome": o, "error": e, "frame": f, "count": b["count"], "path": b["path"],
                           "case": b["case"].name, "what": b["case"].mutant.what,
                           "message": b["record"].get("message", "")}

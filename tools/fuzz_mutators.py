@@ -515,7 +515,9 @@ def _mutate_values(model, rng, graphs):
     small = _small_constants(graphs)
     if not small:
         return None
-    t, what, op, array = rng.choice(small)
+    # Integers are the shapes, axes, indices and counts a size is computed from: most cases go there.
+    integers = [entry for entry in small if entry[3].dtype.kind in "iu"]
+    t, what, op, array = rng.choice(integers if integers and rng.random() < 0.8 else small)
     flat = array.reshape(-1).copy()
     k = rng.randrange(flat.size)
     old = flat[k].item()
@@ -893,6 +895,9 @@ def _tflite_mutator(category):
         sites = [s for s in tflite_sites(seed.data) if s.category == category]
         if not sites:
             return None
+        integers = [s for s in sites if s.fmt not in _FLOAT_FORMATS]
+        if category == "values" and integers and rng.random() < 0.8:
+            sites = integers  # the int32 shapes, axes, paddings and indices rather than the weights
         site = rng.choice(sites)
         data = bytearray(seed.data)
         what = _write_site(data, site, rng)
