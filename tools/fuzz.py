@@ -24,7 +24,7 @@ The outcome, sent back through a pipe:
     foreign     any other exception escaped the public API
     memory      a MemoryError (also inside a typed error), or the child's RSS grew past --rss-limit
     signal      the child died (SIGSEGV, SIGBUS, SIGABRT, an exit without an outcome)
-    hang        no outcome within --timeout (faulthandler dumps the stack first)
+    hang        no outcome within --timeout (the child dumps its stack on SIGUSR1, then is killed)
     slow-error  a typed error that took more than --slow CPU seconds to arrive (CPU time: on a busy
                 machine a quick refusal may wait for a core)
 
@@ -270,7 +270,8 @@ def _short(text, limit=400):
 
 
 def _frame_text(filename, lineno, function):
-    return f"{os.path.relpath(filename, _FRAME_ROOT)}:{lineno} {function}"
+    where = os.path.relpath(filename, _FRAME_ROOT)
+    return f"{where}:{lineno} {function}" if lineno is not None else f"{where} {function}"
 
 
 def innermost_frame(tb):
@@ -356,7 +357,9 @@ def _child(case, target, settings, result_fd, trace_fd, parity=None):
             os.dup2(null, 2)
         trace = os.fdopen(trace_fd, "w")
         faulthandler.enable(file=trace, all_threads=True)
-        faulthandler.dump_traceback_later(settings.timeout, exit=True, file=trace)
+        # At the timeout the parent asks for the stack with SIGUSR1, then kills: a dump made in the
+        # interrupted thread is whole, where faulthandler's watchdog reads frames as they change.
+        faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True, chain=False)
         limit = _address_space() + settings.memory_margin
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
         _send(result_fd, classify(target, case, settings))
@@ -394,8 +397,13 @@ def _dump_frame(text, prefer=None):
             break  # the end of the innermost thread's nnrun frames
     folder = os.path.join(NNRUN_DIR, prefer or "") + os.sep
     preferred = [f for f in frames if prefer and f[0].startswith(folder) and not f[0].endswith("registry.py")]
-    chosen = preferred[-1] if preferred else (frames or [None])[0]
-    return _frame_text(*chosen) if chosen else "outside nnrun"
+    if preferred:  # the op's function, not the line it was on when asked: one signature per op
+        filename, _, function = preferred[-1]
+        return _frame_text(filename, None, function)
+    return _frame_text(*frames[0]) if frames else "outside nnrun"
+
+
+DUMP_GRACE = 1.0  # seconds between asking a timed-out child for its stack and killing it
 
 
 @dataclass
@@ -406,7 +414,11 @@ class _Running:
     started: float
     rss_kb: int
     chunks: dict = field(default_factory=lambda: {"result": [], "trace": []})
+    asked: float = None  # when the parent sent SIGUSR1 for the stack, at the timeout
     killed: bool = False
+
+    def deadline(self, timeout):
+        return self.started + timeout if self.asked is None else self.asked + DUMP_GRACE
 
 
 def _finish(running, status, rusage, settings):
@@ -422,8 +434,7 @@ def _finish(running, status, rusage, settings):
     elif os.WEXITSTATUS(status):
         abnormal = f"exit {os.WEXITSTATUS(status)}"
     if record is None:
-        # faulthandler's dump at the timeout starts "Timeout (0:00:10)!"; the backstop kill has none.
-        hung = running.killed or trace.startswith("Timeout (")
+        hung = running.killed
         if "fuzz harness error" in trace:
             record = {"outcome": "lost", "error": "harness", "message": _short(trace, 2000)}
         else:
@@ -431,7 +442,8 @@ def _finish(running, status, rusage, settings):
                       "error": "timeout" if hung else (abnormal or "no outcome"),
                       # A hang's innermost frame is wherever the loop happened to be: the op that
                       # runs it (the outermost frame in ops/) is the better signature.
-                      "message": _short(trace.splitlines()[0] if trace else "", 200),
+                      "message": f"no outcome in {settings.timeout:g} s" if hung else
+                      _short(trace.splitlines()[0] if trace else "", 200),
                       "frame": _dump_frame(trace, "ops" if hung else None),
                       "traceback": trace[-6000:]}
         record["seconds"] = elapsed
@@ -482,7 +494,7 @@ def run_cases(cases, target=None, settings=Settings(), jobs=None, workdir=None, 
             if not running:
                 break
             now = time.monotonic()
-            deadline = min(c.started + settings.timeout + 5 for c in running.values())
+            deadline = min(c.deadline(settings.timeout) for c in running.values())
             for fd, _ in poller.poll(max(0, deadline - now) * 1000):
                 child = by_fd[fd]
                 chunk = os.read(fd, 65536)
@@ -500,8 +512,13 @@ def run_cases(cases, target=None, settings=Settings(), jobs=None, workdir=None, 
                     yield child.case, _finish(child, status, rusage, settings)
             now = time.monotonic()
             for child in running.values():
-                if not child.killed and now > child.started + settings.timeout + 5:
-                    os.kill(child.pid, signal.SIGKILL)  # faulthandler's exit did not come: the backstop
+                if child.killed or now < child.deadline(settings.timeout):
+                    continue
+                if child.asked is None:
+                    os.kill(child.pid, signal.SIGUSR1)  # the stack, to the trace pipe
+                    child.asked = now
+                else:
+                    os.kill(child.pid, signal.SIGKILL)
                     child.killed = True
     finally:
         for child in running.values():
