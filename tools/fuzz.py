@@ -121,8 +121,11 @@ def mutate(seed, mutator, index, base, seeds):
 class CasePlan:
     """Which seed and mutator each case index gets, for a base seed and the chosen seeds and mutators."""
 
-    def __init__(self, seeds, mutators, base=0):
+    def __init__(self, seeds, mutators, base=0, partners=None):
         self.seeds, self.base = list(seeds), base
+        # The seeds a splice may take its tail from: every seed, whichever the cases start from, so
+        # `nnrun-fuzz mutant` makes a case's bytes again without knowing the run's filters.
+        self.partners = list(partners) if partners is not None else all_seeds()
         self.usable = {s.name: [m for m in mutators if m.applies(s)] for s in self.seeds}
         self.seeds = [s for s in self.seeds if self.usable[s.name]]
         if not self.seeds:
@@ -134,7 +137,7 @@ class CasePlan:
         usable = self.usable[seed.name]
         mutator = pick.choices(usable, weights=[m.weight for m in usable])[0]
         from_path = bool(seed.files) or pick.random() < FROM_PATH_SHARE
-        return Case(index, self.base, seed, mutator.name, mutate(seed, mutator, index, self.base, self.seeds),
+        return Case(index, self.base, seed, mutator.name, mutate(seed, mutator, index, self.base, self.partners),
                     from_path)
 
     def cases(self, count, start=0):
@@ -144,7 +147,8 @@ class CasePlan:
 # -- the nnrun target, run in the child --------------------------------------------------------------
 
 class Progress:
-    """How far a target got: "load" until the session exists and describes its inputs, then "run"."""
+    """How far a target got: "load" until the session exists and describes its inputs, then "feeds",
+    then "run"."""
 
     phase = "load"
 
