@@ -14,7 +14,7 @@ import pytest
 from ai_edge_litert import interpreter as litert
 
 from nnrun import ExecutionError, ModelError
-from nnrun.errors import node_label
+from nnrun.errors import located, node_label
 from nnrun_tools import fuzz
 from nnrun_tools.fuzz_mutators import MUTATORS, Mutant
 from nnrun_tools.fuzz_seeds import Seed, all_seeds
@@ -107,6 +107,24 @@ def test_bug_cases_are_saved_and_deduplicated(tmp_path):
     assert "AttributeError" in report and "mutator     fake" in report
     assert sorted(os.listdir(tmp_path / "foreign")) == sorted(
         [f"00000{k}-fake-fake{suffix}" for k in (0, 1) for suffix in (".onnx", ".txt")])
+
+
+def _located_twice(case, progress):
+    """A kernel's foreign error located at PREPARE, then by the pass runner again: as the compiler
+    does, the second `raise located(e) from e` makes the error its own cause."""
+    try:
+        try:
+            node_label(object())
+        except AttributeError as e:
+            raise located(e, "PREPARE", "infer_shapes") from e
+    except ModelError as e:
+        raise located(e, "PREPARE", "infer_shapes") from e
+
+
+def test_a_typed_error_is_signed_by_its_first_cause():
+    record = fuzz.classify(_located_twice, _cases(["twice"])[0], fuzz.Settings())
+    assert (record["outcome"], record["error"], record["cause"]) == ("rejected", "ModelError", "AttributeError")
+    assert "node_label" in record["frame"] and "node_label" in record["cause_frame"]
 
 
 # -- cases and seeds ---------------------------------------------------------------------------------

@@ -289,14 +289,20 @@ def innermost_frame(tb):
     return found or "outside nnrun"
 
 
-def _chain(error):
+def _chain(error, deliberate=True):
     """The error and its causes, outermost first. An error re-raised `from` itself (errors.located
-    returns an error already located as it is) is its own __cause__: its __context__ goes on."""
+    returns an error already located as it is) is its own __cause__: its __context__ goes on.
+    `deliberate=False` stops at a `raise ... from None`: a conversion the code meant to make."""
     seen = []
     while error is not None and error not in seen:
         seen.append(error)
         cause = error.__cause__
-        error = cause if cause is not None and cause is not error else error.__context__
+        if cause is error:
+            error = error.__context__
+        elif cause is not None:
+            error = cause
+        else:
+            error = None if error.__suppress_context__ and not deliberate else error.__context__
     return seen
 
 
@@ -310,8 +316,9 @@ def classify(target, case, settings):
         return {"outcome": "unfed", "message": _short(e), "seconds": time.monotonic() - started}
     except BaseException as e:  # noqa: BLE001 - everything that escapes is classified
         seconds, cpu = time.monotonic() - started, time.process_time() - cpu_started
-        chain = _chain(e)
-        memory = next((c for c in chain if isinstance(c, MemoryError)), None)
+        chain = _chain(e, deliberate=False)
+        # A MemoryError counts wherever it is, even under a conversion made on purpose.
+        memory = next((c for c in _chain(e) if isinstance(c, MemoryError)), None)
         # Where it went wrong: the MemoryError, else the innermost nnrun frame of the first cause
         # that has one (a typed error raised from a kernel's ValueError points at the kernel).
         frames = [innermost_frame(c.__traceback__) for c in ([memory] if memory else reversed(chain))]
