@@ -42,6 +42,7 @@ import collections
 import faulthandler
 import gc
 import json
+import math
 import os
 import random
 import re
@@ -175,7 +176,8 @@ def _feed_array(element, shape, rng):
     dims = []
     for d in shape if shape is not None else [2]:
         dims.append(d if isinstance(d, int) and d >= 0 else 2)
-    if int(np.prod(dims, dtype=np.float64)) > MAX_FEED_ELEMENTS:
+    # numpy refuses a shape whose dims multiply past its limit even when one of them is 0.
+    if len(dims) > 32 or math.prod(d for d in dims if d) > MAX_FEED_ELEMENTS:
         raise Unfed(f"an input of shape {dims} is too large to feed")
     if dtype == object:
         return np.full(dims, "a", dtype=object)
@@ -238,7 +240,12 @@ def nnrun_target(case, progress, settings, workdir):
     session = nnrun.InferenceSession(model_source(case, workdir), sess_options=session_options(settings))
     inputs = session.get_inputs()
     progress.phase = "feeds"
-    feeds = make_feeds(inputs, np.random.default_rng(max(case.index, 0)))
+    try:
+        feeds = make_feeds(inputs, np.random.default_rng(max(case.index, 0)))
+    except Unfed:
+        raise
+    except Exception as e:  # noqa: BLE001 - the fuzzer's own failure, not nnrun's
+        raise Unfed(f"the fuzzer could not make feeds: {type(e).__name__}: {e}") from e
     progress.phase = "run"
     for _ in range(settings.runs):
         session.run(None, feeds)
@@ -461,7 +468,9 @@ def _finish(running, status, rusage, settings):
     growth = rusage.ru_maxrss - running.rss_kb
     record["rss_growth_kb"] = growth
     if record["outcome"] not in BUGS and growth * 1024 > settings.rss_limit:
-        record.update(outcome="memory", error=f"RSS grew {growth // 1024} MiB", was=record["outcome"])
+        record.update(outcome="memory", error="RSS growth", frame="", was=record["outcome"],
+                      message=f"RSS grew by {growth // 1024} MiB in a case that ended {record['outcome']}"
+                              f"{': ' + record['message'] if record.get('message') else ''}")
     if settings.parity and running.case.format == "onnx":
         if len(records) > 1:
             record.update(records[1])
