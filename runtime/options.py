@@ -180,8 +180,9 @@ class SessionOptions:
 class RunOptions:
     """Per-run switches: onnxruntime's names, and nnrun's debugging knobs.
 
-    `terminate`: set from another thread, the run stops before its next step with an
-    ExecutionError (onnxruntime: "Exiting due to terminate flag being set to true").
+    `terminate`: set from another thread, the run stops before its next step (or a Loop's or
+    Scan's next iteration) with an ExecutionError (onnxruntime: "Exiting due to terminate flag
+    being set to true"); a step already running finishes first.
     `trace`: a callable(step, outputs) called after each step with its PlannedStep (name,
     op type, index, shapes, weights) and its output arrays. Those are arena views a later
     step may overwrite: copy what you keep (`nnrun.debug.intermediates` does).

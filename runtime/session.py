@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import ops, size_limit
+from . import ops, size_limit, terminate
 from .compiler.release import return_free_heap
 from .compiler.weight_cache import WeightCache, cache_key, model_origin
 from .errors import ExecutionError, InputError, ModelError, NnrunError, SessionClosedError
@@ -374,7 +374,7 @@ class InferenceSession:
         for outputs (written in place where the plan allows, copied into otherwise)."""
         self._check_open()
         if getattr(run_options, "terminate", False):
-            raise ExecutionError("Exiting due to terminate flag being set to true.")
+            raise ExecutionError(terminate.MESSAGE)
         self._check_files()
         feeds = self._check_feeds(input_feed)
         # A sequence or an optional has no shape or dtype here: its plan is the same whatever it holds.
@@ -393,7 +393,7 @@ class InferenceSession:
         started = time.perf_counter_ns()
         threads = self._threads.begin()
         try:
-            with _within_stack(ExecutionError, "EXECUTE"):
+            with _within_stack(ExecutionError, "EXECUTE"), terminate.watching(run_options):
                 if polled:
                     with self._recorder.phase("EXECUTE"):
                         results = executor.run(feeds, profile, trace, stop, into)

@@ -196,3 +196,25 @@ def test_an_error_inside_a_loop_body_is_not_its_own_cause():
         assert id(error) not in seen, "an error in its own chain of causes"
         seen.add(id(error))
         error = error.__cause__
+
+
+def test_terminate_stops_a_loop_the_file_sets_to_2_62_iterations():
+    """No scan output, so nothing grows: the loop is the model's own computation. A watchdog
+    thread's RunOptions.terminate ends it at its next iteration with an ExecutionError."""
+    import threading
+    import time
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Add", ["acc", "one"], ["acc2"])],
+        "body", [tensor("i", [], TensorProto.INT64), tensor("c", [], TensorProto.BOOL), tensor("acc", [1])],
+        [tensor("c2", [], TensorProto.BOOL), tensor("acc2", [1])],
+        [weight("one", np.ones(1, np.float32))])
+    data = model([helper.make_node("Loop", ["M", "", "x"], ["y"], body=body, name="loop")],
+                 [tensor("x", [1])], [tensor("y", [1])], [weight("M", np.array(1 << 62, np.int64))])
+    sess = nnrun.InferenceSession(data)
+    options = nnrun.RunOptions()
+    threading.Timer(0.3, lambda: setattr(options, "terminate", True)).start()
+    started = time.perf_counter()
+    with pytest.raises(nnrun.ExecutionError, match="terminate flag"):
+        sess.run(None, {"x": np.zeros(1, np.float32)}, options)
+    assert time.perf_counter() - started < 30  # stopped, not run to its end (a hang check)

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .. import size_limit
+from .. import size_limit, terminate
 from ..errors import ExecutionError, SizeLimitError, located, raise_located
 from ..ops.registry import info_of
 from ..paging import DIRECT_IO_ALIGNMENT, round_up, storage_bytes
@@ -240,8 +240,11 @@ class Executor:
         """The steps in order, as `_steps` runs them without a budget, profile, trace or stop: the
         plain loop, each step's kernel and slots bound when the executor was made."""
         position = 0
+        options = terminate.current()
         try:
             for position, (kind, run, ins, outs, scratch) in enumerate(self._bound):
+                if options is not None and options.terminate:
+                    raise ExecutionError(terminate.MESSAGE)
                 if kind is _KERNEL:
                     arrays = tuple([env[o] for o in outs])
                     result = run(*[env[i] for i in ins], outs=arrays, scratch=tuple([env[s] for s in scratch]))
@@ -267,9 +270,12 @@ class Executor:
         clock = time.perf_counter_ns
         prefetcher = self.prefetcher
         in_bands = self.plan.streaming.banded if banded is not None else ()
+        options = terminate.current()
         for position, step in enumerate(self.plan.steps):
             if stop is not None and position > stop:
                 break
+            if options is not None and options.terminate:
+                raise located(ExecutionError(terminate.MESSAGE), "EXECUTE", None, step.node)
             if before is not None:
                 before(position)
             if profile is not None:

@@ -20,7 +20,7 @@ whatever it holds, and the steps that read it run eagerly.
 
 import numpy as np
 
-from .. import size_limit
+from .. import size_limit, terminate
 from ..errors import NnrunError
 from .registry import REQUIRED, Kernel, SequenceInfo, TensorInfo, info_of, register
 
@@ -244,6 +244,7 @@ class Loop(ControlFlow):
         scanned = 0  # bytes of the scan values so far
         i = 0
         while keep_going and (trips is None or i < trips):
+            terminate.check()  # a trip count a file sets to 2^62 can be stopped
             results = body.run(self._feeds(i, carried), captured, constant_names)
             keep_going = bool(np.asarray(results[0]).reshape(-1)[0])
             carried = results[1:1 + len(carried)]
@@ -316,6 +317,7 @@ class Scan(ControlFlow):
         n_states = len(states)
         collected = [[] for _ in range(len(body.output_names) - n_states)]
         for i in range(t):
+            terminate.check()
             slices = [np.take(x, t - 1 - i if d else i, axis=a)
                       for x, a, d in zip(scan_inputs, axes, directions)]
             results = body.run(dict(zip(body.input_names, list(states) + slices)), captured,
@@ -385,6 +387,7 @@ class Scan8(ControlFlow):
                 self.fail(f"sequence length {length} of batch row {b} is beyond the {t} steps")
             carried = [s[b] for s in states]
             for i in range(length):
+                terminate.check()
                 slices = [x[b, length - 1 - i if d else i] for x, d in zip(scan_inputs, directions)]
                 results = body.run(dict(zip(body.input_names, carried + slices)), captured, self.constant_names)
                 carried = results[:n]
