@@ -8,6 +8,7 @@ checked against max_tensor_bytes (size_limit.py) first: the file says how large 
 import numpy as np
 
 from ... import size_limit
+from ...errors import ModelError
 from ..registry import Inferred, Kernel, TensorInfo
 from .common import tfl
 
@@ -69,6 +70,7 @@ def densify(kernel, values, sparsity, dense_shape=None):
     metadata = sparsity["dim_metadata"]
     if len(metadata) != len(order):
         kernel.fail("sparsity dim_metadata does not match traversal_order")
+    _check_levels(metadata, values.size)
     rank = len(order) - len(block_map)
     # The size of every expanded dim: dense dims say it; a sparse dim's size is found from the
     # dense shape, which is the product of a dim and its block.
@@ -125,6 +127,38 @@ def densify(kernel, values, sparsity, dense_shape=None):
         kernel.fail("sparse values are fewer than the sparsity parameters index")
     dense[tuple(dense_coords)] = values.reshape(-1)[positions]
     return dense
+
+
+def _check_levels(metadata, stored):
+    """Each level's entry count against the arrays the file gives for it, from the metadata alone
+    (Python ints, no array made): a dense level is followed by a sparse level with one segment
+    per entry, or by the values themselves; a sparse level's last segment ends within its
+    indices. So no level expands to more entries than the file holds arrays for."""
+    count = 1
+    for level, meta in enumerate(metadata):
+        if meta["format"] == "DENSE":
+            count *= max(int(meta["dense_size"]), 0)
+            following = metadata[level + 1] if level + 1 < len(metadata) else None
+            if following is None:
+                bound, what = stored, "stored values"
+            elif following["format"] != "DENSE":
+                bound, what = len(following["array_segments"]) - 1, f"segments at level {level + 1}"
+            else:
+                continue
+            if count > bound:
+                raise ModelError(f"sparsity level {level}: the dense levels make {count:,} entries, the file has "
+                            f"{max(bound, 0):,} {what}")
+        else:
+            segments = meta["array_segments"]
+            if len(segments) != count + 1:
+                raise ModelError(f"sparsity level {level}: {len(segments):,} array_segments for {count:,} entries "
+                            f"(one more is needed)")
+            count = int(segments[-1]) if count else 0
+            if not 0 <= count <= len(meta["array_indices"]) or int(segments[0]) != 0:
+                raise ModelError(f"sparsity level {level}: array_segments run from {int(segments[0])} to {count:,}, "
+                            f"beyond the {len(meta['array_indices']):,} array_indices")
+    if count > stored:
+        raise ModelError(f"sparsity: the levels index {count:,} values, the file stores {stored:,}")
 
 
 def _index_checked(levels, count):
