@@ -366,8 +366,8 @@ def _child(case, target, settings, result_fd, trace_fd, parity=None):
     """The forked child: limits, faulthandler, the target, the outcome down the pipe, then with
     `parity` its record (onnxruntime's load) too; never returns."""
     try:
-        # The inherited heap is left out of this child's collections: a full collection would touch
-        # (and copy, page by page) every object of the parent, taking a second on a busy machine.
+        # The inherited heap is left out of this child's collections: a full collection would walk
+        # every object of the parent, and copy the pages it touches.
         gc.freeze()
         if settings.quiet_child:
             null = os.open(os.devnull, os.O_WRONLY)

@@ -18,6 +18,9 @@ seed (the fuzzer then draws again from the same rng).
   shapes, buffer indices, opcodes, operator and graph input/output indices, builtin options,
   quantization, sparsity, buffer sizes and offsets, tensor types and union tags, and one value of a
   small constant buffer.
+- Stacked: `onnx_havoc` and `tflite_havoc` make two to four field-aware mutations at once.
+
+Each mutator has a weight: how often a case picks it among those that apply to its seed.
 """
 
 import functools
@@ -189,7 +192,7 @@ def _consumer(graphs, name):
 
 
 def _mutate_dims(model, rng, graphs):
-    tensors = [(t, what, op) for t, what, op in _tensors(graphs)]
+    tensors = _tensors(graphs)
     shaped = [(v, what) for v, what in _value_infos(graphs)
               if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")]
     if shaped and (not tensors or rng.random() < 0.4):
@@ -222,7 +225,10 @@ def _mutate_dims(model, rng, graphs):
         del t.dims[rng.randrange(len(t.dims))]
         return f"{what} lost a dim", op
     value = rng.choice((0, 1, 2, 2 ** 40, 2 ** 62))
-    t.dims.insert(rng.randrange(len(t.dims) + 1), value) if t.dims else t.dims.append(value)
+    if t.dims:
+        t.dims.insert(rng.randrange(len(t.dims) + 1), value)
+    else:
+        t.dims.append(value)
     return f"{what} gained a dim {value}", op
 
 
@@ -580,7 +586,7 @@ _LOCATIONS = ("../weights.bin", "/etc/hostname", "missing.bin", "", ".", "model.
 
 
 def _mutate_external(model, rng, graphs):
-    tensors = [(t, what, op) for t, what, op in _tensors(graphs)]
+    tensors = _tensors(graphs)
     if not tensors:
         return None
     external = [entry for entry in tensors if entry[0].data_location == TensorProto.EXTERNAL]
