@@ -662,7 +662,11 @@ class _Builder:
         if offset > source.size:
             raise ModelError(f"{what}: external data offset {offset} is past the end of "
                              f"{location!r} ({source.size} bytes)")
-        nbytes = self._int_key(info, "length", source.size - offset, what)
+        # No length (or 0, as onnx's own reader takes it): the tensor's own size, from its dims.
+        nbytes = self._int_key(info, "length", 0, what)
+        if not nbytes:
+            count = _element_count(dims, (source.size - offset) // max(dtype.itemsize, 1))
+            nbytes = count * dtype.itemsize if count is not None else source.size - offset + 1
         return self._mapped_tensor(source, offset, nbytes, t, dtype, dims, name)
 
     @staticmethod

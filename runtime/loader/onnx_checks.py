@@ -46,6 +46,9 @@ def check_model(graph, ir_version, where):
                              f"(at most {newest})")
         if version < 1 and domain in SCHEMA_DOMAINS:
             raise ModelError(f"{where}: opset {version} of domain {domain!r} is not a valid opset version")
+    if "" not in graph.opsets and any(node.domain == "" for node in graph.nodes):
+        raise ModelError(f"{where}: the model imports no opset of the default domain (ai.onnx), "
+                         f"which its operators need")
     pending = [graph]  # the main graph and every body, without recursion: bodies may nest deep
     while pending:
         g = pending.pop()
@@ -69,11 +72,23 @@ def _newest_opset(domain):
 
 
 def _check_single_definitions(graph):
-    """Each name of `graph` is given a value once: by a graph input, an initializer or one node."""
-    defined = {v.name: "a graph input" for v in graph.inputs}
+    """Each name of `graph` is given a value once: by a graph input, an initializer or one node;
+    and no two nodes but Constants share a name (onnxruntime refuses both)."""
+    defined = {}
+    for v in graph.inputs:
+        if v.name in defined:
+            raise ModelError(f"MODEL_LOAD: graph {graph.name!r} lists input {v.name!r} twice")
+        defined[v.name] = "a graph input"
     for name in graph.initializers:
         defined.setdefault(name, "an initializer")
+    named = {}
     for node in graph.nodes:
+        if node.name and not (node.op_type == "Constant" and node.domain == ""):
+            # onnxruntime makes Constant nodes initializers before it compares names.
+            other = named.setdefault(node.name, node)
+            if other is not node:
+                raise ModelError(f"{_at(node)} in graph {graph.name!r} has the name of {node_label(other)}: "
+                                 f"node names must differ")
         for name in node.outputs:
             if not name:
                 continue

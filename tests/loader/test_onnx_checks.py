@@ -21,7 +21,7 @@ Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
 
 def model(nodes, inputs=(X,), outputs=(Y,), initializers=(), opset=17, ir_version=8):
     graph = helper.make_graph(nodes, "g", list(inputs), list(outputs), list(initializers))
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)] if opset else [])
     m.ir_version = ir_version
     return m.SerializeToString()
 
@@ -82,6 +82,15 @@ REFUSED = {
     "epsilon given as a tensor": (
         batchnorm(epsilon=numpy_helper.from_array(np.array([1e-5], np.float32))),
         ["attribute 'epsilon' must be a float, got a tensor"]),
+    "a graph input listed twice": (
+        model([helper.make_node("Relu", ["x"], ["y"])], inputs=(X, X)),
+        ["graph 'g' lists input 'x' twice"]),
+    "two nodes of one name": (
+        model([helper.make_node("Relu", ["x"], ["a"], name="n"), helper.make_node("Neg", ["a"], ["y"], name="n")]),
+        ["node 'n' (Neg, #1) in graph 'g' has the name of node 'n' (Relu, #0)"]),
+    "no opset of the default domain": (
+        model([helper.make_node("Relu", ["x"], ["y"])], opset=None),
+        ["imports no opset of the default domain"]),
     "an attribute the op does not have": (
         model([helper.make_node("Relu", ["x"], ["y"], name="r", alpha=0.5)]),
         ["node 'r' (Relu, #0)", "Relu (opset 17) has no attribute 'alpha'"]),
@@ -117,6 +126,10 @@ ACCEPTED = {
         [helper.make_node("Clip", ["x", "", "hi"], ["y"])], initializers=[numpy_helper.from_array(
             np.array(0.5, np.float32), "hi")]),
     "a variadic op with many inputs": model([helper.make_node("Sum", ["x"] * 9, ["y"])]),
+    "Constant nodes of one name": model(
+        [helper.make_node("Constant", [], ["a"], name="k", value=numpy_helper.from_array(np.float32(2))),
+         helper.make_node("Constant", [], ["b"], name="k", value=numpy_helper.from_array(np.float32(3))),
+         helper.make_node("Mul", ["x", "a"], ["xa"]), helper.make_node("Add", ["xa", "b"], ["y"])]),
     "optional outputs left out": batchnorm(epsilon=1e-3),
 }
 
@@ -129,3 +142,27 @@ def test_edges_of_the_rules_load_and_match_onnxruntime(case):
     got = nnrun.InferenceSession(data).run(None, {"x": x})
     for e, g in zip(expected, got):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_external_data_without_a_length_is_the_tensor_own_size(tmp_path):
+    """onnx's writer may leave `length` out; onnxruntime (and onnx's reader) then read the
+    tensor's own size, from its dims, whatever the file holds after it."""
+    import onnx
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    w = np.random.default_rng(3).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [X], [Y],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w * 2, "w2")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    for tensor in m.graph.initializer:
+        kept = [e for e in tensor.external_data if e.key != "length"]
+        del tensor.external_data[:]
+        tensor.external_data.extend(kept)
+    path = tmp_path / "m.onnx"
+    onnx.save_model(m, str(path))
+    x = np.random.default_rng(4).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = nnrun.InferenceSession(str(path)).run(None, {"x": x})
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)
