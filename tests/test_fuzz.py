@@ -178,3 +178,28 @@ def test_feeds_follow_the_described_inputs(kind, shape, expected):
     Arg.shape = shape
     feed = fuzz.make_feeds([Arg], np.random.default_rng(0))["x"]
     assert (feed.shape, feed.dtype) == (expected[0], np.dtype(expected[1]))
+
+
+def test_a_loop_the_file_sets_to_2_62_iterations_is_stopped_by_the_watchdog_not_a_hang():
+    """The model's own computation, not nnrun hanging: the child's watchdog sets RunOptions.terminate
+    at half the timeout, and the run ends with a typed error at the loop's next iteration."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def value(name, shape, dtype=TensorProto.FLOAT):
+        return helper.make_tensor_value_info(name, dtype, shape)
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Neg", ["acc"], ["acc2"])], "body",
+        [value("i", [], TensorProto.INT64), value("c", [], TensorProto.BOOL), value("acc", [1])],
+        [value("c2", [], TensorProto.BOOL), value("acc2", [1])])
+    graph = helper.make_graph([helper.make_node("Loop", ["M", "", "x"], ["y"], body=body)], "g", [value("x", [1])],
+                              [value("y", [1])], [numpy_helper.from_array(np.array(1 << 62, np.int64), "M")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    case = fuzz.Case(0, 0, Seed("loop", "onnx", data), "loop", Mutant(data, "M = 2^62"), False)
+    started = time.monotonic()
+    [(_, record)] = list(fuzz.run_cases([case], settings=fuzz.Settings(timeout=4), jobs=1))
+    assert record["outcome"] == "stopped", record
+    assert record["error"] == "ExecutionError" and "terminate flag" in record["message"]
+    assert time.monotonic() - started < 4  # ended at half the timeout, not killed at it

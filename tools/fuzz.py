@@ -19,6 +19,8 @@ The outcome, sent back through a pipe:
     ok          it ran
     rejected    an NnrunError at session creation (its class is recorded)
     run-error   an NnrunError at a run
+    stopped     a run still going at half the timeout, ended by RunOptions.terminate as a caller's
+                watchdog would end it (a Loop the file sets to 2^62 iterations): a typed error
     unfed       the fuzzer could not make feeds for the inputs the session describes
   and the bug classes, whose models are saved with a text file saying what happened:
     foreign     any other exception escaped the public API
@@ -52,6 +54,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field, replace
@@ -65,11 +68,15 @@ from nnrun import NnrunError
 from .fuzz_mutators import MUTATORS, Mutant
 from .fuzz_seeds import Seed, all_seeds
 
-OUTCOMES = ("ok", "rejected", "run-error", "unfed", "foreign", "memory", "signal", "hang", "slow-error")
+OUTCOMES = ("ok", "rejected", "run-error", "stopped", "unfed", "foreign", "memory", "signal", "hang", "slow-error")
 BUGS = ("foreign", "memory", "signal", "hang", "slow-error")
 NNRUN_DIR = os.path.dirname(os.path.abspath(nnrun.__file__))
 # Frames are shown relative to the package's parent: runtime/ops/shape.py in a checkout.
 _FRAME_ROOT = os.path.dirname(NNRUN_DIR)
+# A run still going after this share of --timeout is asked to stop (RunOptions.terminate), as a
+# caller's watchdog would: a Loop a file sets to 2^62 iterations ends at its next iteration with a
+# typed error ('stopped'); a step that never ends is still a hang.
+WATCHDOG_SHARE = 0.5
 FROM_PATH_SHARE = 0.25  # of the cases without external data, loaded from a file rather than bytes
 MiB = 1 << 20
 
@@ -152,6 +159,7 @@ class Progress:
     then "run"."""
 
     phase = "load"
+    stopped = False  # the watchdog set RunOptions.terminate
 
 
 class Unfed(Exception):
@@ -247,8 +255,20 @@ def nnrun_target(case, progress, settings, workdir):
     except Exception as e:  # noqa: BLE001 - the fuzzer's own failure, not nnrun's
         raise Unfed(f"the fuzzer could not make feeds: {type(e).__name__}: {e}") from e
     progress.phase = "run"
-    for _ in range(settings.runs):
-        session.run(None, feeds)
+    run_options = nnrun.RunOptions()
+
+    def stop():
+        progress.stopped = True
+        run_options.terminate = True
+
+    watchdog = threading.Timer(settings.timeout * WATCHDOG_SHARE, stop)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        for _ in range(settings.runs):
+            session.run(None, feeds, run_options)
+    finally:
+        watchdog.cancel()
 
 
 def onnxruntime_load(case, workdir):
@@ -338,12 +358,14 @@ def classify(target, case, settings):
                           else f"{type(e).__name__}<-MemoryError")
         elif isinstance(e, NnrunError):
             record["outcome"] = "rejected" if progress.phase == "load" else "run-error"
+            if progress.stopped and "terminate flag" in str(e):
+                record["outcome"] = "stopped"
             foreign = next((c for c in chain[1:] if not isinstance(c, NnrunError)), None)
             if foreign is not None:
                 record["cause"] = type(foreign).__name__
                 record["cause_frame"] = innermost_frame(foreign.__traceback__)
             # CPU time, not wall time: on a busy machine a quick refusal can wait a second for a core.
-            if cpu > settings.slow:
+            if cpu > settings.slow and record["outcome"] != "stopped":
                 record.update(outcome="slow-error", slow_class=record["outcome"])
         else:
             record["outcome"] = "foreign"
@@ -678,7 +700,7 @@ class Results:
             for (cause, frame), n in self.causes.most_common(12):
                 lines.append(f"  {n:>6}  {cause:<20} {frame}")
         lines.append("")
-        shown = ("ok", "rejected", "run-error", "unfed")
+        shown = ("ok", "rejected", "run-error", "stopped", "unfed")
         lines.append(f"{'by mutator':<22}" + "".join(f"{c:>10}" for c in shown) + f"{'bugs':>10}")
         for mutator, counts in sorted(self.by_mutator.items()):
             lines.append(f"  {mutator:<20}" + "".join(f"{counts[c]:>10}" for c in shown)
