@@ -24,6 +24,7 @@ from ..cache_file import in_cache_file
 from ..errors import ModelError, UnsupportedOperatorError, raise_located
 from ..ir import Graph
 from ..memory_limit import anonymous_bytes
+from ..onnx_types import type_name
 from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, NoElements, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
@@ -129,6 +130,7 @@ def _compile_graph(graph, feeds, options, constants, planner, packer, limit):
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"),
                  run.enabled("inline_if"), limit)
+    run("check_output_types", check_output_types, shaped, graph)
     shaped = run("drop_dead", drop_dead, shaped, context)
     prepared = run("prepare_kernels", prepare_kernels, shaped, context, limit)
     buffers = run("arena_buffers", arena_buffers, prepared, context)
@@ -372,6 +374,18 @@ def fold_constants(kernel, derived, in_infos, out_infos, limit=None):
         results = result if isinstance(result, (tuple, list)) else (result,)
         outs = tuple(np.asarray(r, dtype=o.dtype).reshape(o.shape) for r, o in zip(results, out_infos))
     return [TensorInfo.of(o) for o in outs]
+
+
+def check_output_types(shaped, graph):
+    """ModelError for a graph output whose element type is not the one the model declares for it
+    (onnxruntime refuses such a model at load): a caller reading the declared type would misread it."""
+    for v in graph.outputs:
+        info = shaped.infos.get(v.name)
+        if v.dtype is None or v.containers or not isinstance(info, TensorInfo) or info.dtype is None:
+            continue
+        if np.dtype(info.dtype) != np.dtype(v.dtype):
+            raise ModelError(f"graph output {v.name!r} is declared {type_name(v.dtype)}, but the node that "
+                             f"makes it gives {type_name(info.dtype)}")
 
 
 def drop_dead(shaped, context):

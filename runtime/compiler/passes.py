@@ -43,6 +43,7 @@ PASSES = tuple(Pass(*p) for p in (
                              "(off: it runs every time, or eagerly if a shape depends on it)"),
     ("inline_if", True, "inside infer_shapes: an If whose condition is known by then becomes the nodes of "
                         "the branch it takes (off: it runs as an If, its branch planned apart)"),
+    ("check_output_types", False, "each graph output's element type is the one the model declares for it"),
     ("drop_dead", False, "steps whose outputs nothing reads are dropped"),
     ("prepare_kernels", False, "each kernel packs its constant inputs into its layout and sizes its scratch"),
     ("arena_buffers", False, "which arena buffers each step reads and writes (a reshape's output shares "

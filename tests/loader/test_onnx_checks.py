@@ -97,6 +97,12 @@ REFUSED = {
 }
 
 
+REFUSED["an output declared of another type than its node makes"] = (
+    model([helper.make_node("Shape", ["x"], ["y"])],
+          outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+    ["graph output 'y' is declared tensor(float), but the node that makes it gives tensor(int64)"])
+
+
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_refused_at_load_as_onnxruntime_refuses(case):
     data, words = REFUSED[case]
