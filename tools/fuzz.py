@@ -402,7 +402,10 @@ def _child(case, target, settings, result_fd, trace_fd, parity=None):
         faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True, chain=False)
         limit = _address_space() + settings.memory_margin
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-        _send(result_fd, classify(target, case, settings))
+        record = classify(target, case, settings)
+        # The high-water mark now, before onnxruntime's parity run can add to it: nnrun's own.
+        record["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        _send(result_fd, record)
         if parity is not None and case.format == "onnx":
             _send(result_fd, parity(case))
     except BaseException:  # noqa: BLE001 - the harness's own failure, said where the parent sees it
@@ -487,7 +490,7 @@ def _finish(running, status, rusage, settings):
                       "frame": _dump_frame(trace, "ops" if hung else None),
                       "traceback": trace[-6000:]}
         record["seconds"] = elapsed
-    growth = rusage.ru_maxrss - running.rss_kb
+    growth = record.pop("maxrss_kb", rusage.ru_maxrss) - running.rss_kb
     record["rss_growth_kb"] = growth
     if record["outcome"] not in BUGS and growth * 1024 > settings.rss_limit:
         record.update(outcome="memory", error="RSS growth", frame="", was=record["outcome"],
