@@ -34,14 +34,19 @@ def _standardize(rows, epsilon, dtype, out=None):
     work = out if out is not None and out.dtype == dtype else np.empty(rows.shape, dtype)
     mean = np.mean(rows, axis=1, keepdims=True, dtype=dtype)
     np.subtract(rows, mean, out=work)
-    # Sum of squares without a squared temporary of the input's size.
-    inv_std = np.einsum("ij,ij->i", work, work)[:, None]
-    inv_std /= max(rows.shape[1], 1)
-    inv_std += epsilon
-    np.sqrt(inv_std, out=inv_std)
-    np.reciprocal(inv_std, out=inv_std)
-    np.multiply(work, inv_std, out=work)
-    return work, mean, inv_std
+    return work, mean, divide_by_rms(work, epsilon)
+
+
+def divide_by_rms(work, epsilon):
+    """Each row of `work` divided, in place, by sqrt(mean of its squares + epsilon); returns the
+    inverse of that root as (rows, 1). The sum of squares makes no squared temporary."""
+    inv = np.einsum("ij,ij->i", work, work)[:, None]
+    inv /= max(work.shape[1], 1)
+    inv += epsilon
+    np.sqrt(inv, out=inv)
+    np.reciprocal(inv, out=inv)
+    np.multiply(work, inv, out=work)
+    return inv
 
 
 @register("BatchNormalization", since=1)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .normalization import STASH_TYPES, _flat, _Normalization, _standardize
+from .normalization import STASH_TYPES, _flat, _Normalization, _standardize, divide_by_rms
 from .registry import REQUIRED, Inferred, TensorInfo, register
 from .shape import normalize_axes, normalize_axis
 
@@ -61,14 +61,7 @@ def rms_rows(rows, epsilon, dtype, out):
     dtype); returns (normalized, inverse rms as (rows, 1))."""
     work = out if out is not None and out.dtype == dtype else np.empty(rows.shape, dtype)
     np.copyto(work, rows, casting="unsafe")
-    # Sum of squares without a squared temporary of the input's size.
-    inv = np.einsum("ij,ij->i", work, work)[:, None]
-    inv /= max(rows.shape[1], 1)
-    inv += epsilon
-    np.sqrt(inv, out=inv)
-    np.reciprocal(inv, out=inv)
-    np.multiply(work, inv, out=work)
-    return work, inv
+    return work, divide_by_rms(work, epsilon)
 
 
 @register("GroupNormalization", since=18)
