@@ -10,6 +10,16 @@ I64 = TensorProto.INT64
 B = TensorProto.BOOL
 
 
+def typed_model(nodes, inputs, outputs, initializers=(), opset=17):
+    """A model from nodes, value infos (any type: sequences, optionals) and (name, array)
+    initializers, at an IR version onnxruntime reads."""
+    graph = helper.make_graph(nodes, "test", inputs, outputs,
+                              [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers])
+    made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    made.ir_version = min(made.ir_version, 9)
+    return made
+
+
 def loop_model(m, body_stops):
     # carried: acc (2,); scan output: acc at each iteration; the body adds the captured x.
     iter_in = helper.make_tensor_value_info("i", I64, [])

@@ -5,9 +5,10 @@ may return an empty optional), against the reference evaluator elsewhere."""
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import nnrun
+from graphs import typed_model
 from oracle import assert_close_values, check_values, data, run_onnxruntime
 
 F = TensorProto.FLOAT
@@ -27,11 +28,7 @@ def optional(name, elem_type=F, shape=None, of_sequence=False):
 
 
 def model(nodes, inputs, outputs, initializers=(), opset=18):
-    graph = helper.make_graph(nodes, "test", inputs, outputs,
-                              [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers])
-    made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    made.ir_version = min(made.ir_version, 9)
-    return made
+    return typed_model(nodes, inputs, outputs, initializers, opset)
 
 
 def test_an_optional_made_of_an_intermediate_holds_it():

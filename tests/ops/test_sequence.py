@@ -7,6 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nnrun
+from graphs import typed_model
 from oracle import assert_close_values, check_values, data, i64, run_onnxruntime
 
 F = TensorProto.FLOAT
@@ -23,11 +24,7 @@ def sequence(name, elem_type=F, shape=None):
 
 
 def model(nodes, inputs, outputs, initializers=(), opset=17):
-    graph = helper.make_graph(nodes, "test", inputs, outputs,
-                              [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers])
-    made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    made.ir_version = min(made.ir_version, 9)
-    return made
+    return typed_model(nodes, inputs, outputs, initializers, opset)
 
 
 def three_tensors(seed=0):
