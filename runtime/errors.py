@@ -114,6 +114,13 @@ def node_label(node):
     return f"node {node.name!r} ({node.op_type}{number})"
 
 
+def count_words(op_type, what, least, most, count):
+    """`Relu takes 1 input, the node has 2`: the one way a message says a node's count of inputs
+    (or outputs, `what`) is not one its op takes; `most` at or past 2**30 means no upper bound."""
+    allowed = f"{least}" if least == most else f"at least {least}" if most >= 1 << 30 else f"{least} to {most}"
+    return f"{op_type} takes {allowed} {what}{'' if allowed == '1' else 's'}, the node has {count}"
+
+
 def location(phase, pass_name=None, node=None):
     """`PREPARE/fold_batchnorm: node 'bn3' (BatchNormalization, #41)`, or less where less is known."""
     where = f"{phase}/{pass_name}" if pass_name else phase

@@ -23,7 +23,7 @@ import onnx
 from onnx import defs
 
 from .. import ir
-from ..errors import ModelError, location, node_label
+from ..errors import ModelError, count_words, location, node_label
 from ..weights import ExternalData
 from .onnx import AttributeRef
 
@@ -113,8 +113,8 @@ def _check_schema(node, version):
     schema = _schema(node.domain, node.op_type, version)
     if schema is None:
         return
-    _check_count(node, "inputs", len(node.inputs), schema.min_input, schema.max_input)
-    _check_count(node, "outputs", len(node.outputs), schema.min_output, schema.max_output)
+    _check_count(node, "input", len(node.inputs), schema.min_input, schema.max_input)
+    _check_count(node, "output", len(node.outputs), schema.min_output, schema.max_output)
     declared = schema.attributes
     for key, value in node.attrs.items():
         attribute = declared.get(key)
@@ -130,12 +130,8 @@ def _at(node):
 
 
 def _check_count(node, what, count, least, most):
-    if least <= count <= most:
-        return
-    allowed = f"{least}" if least == most else (f"at least {least}" if most >= 1 << 30 else f"{least} to {most}")
-    if allowed == "1":
-        what = what[:-1]
-    raise ModelError(f"{_at(node)}: {node.op_type} takes {allowed} {what}, the node has {count}")
+    if not least <= count <= most:
+        raise ModelError(f"{_at(node)}: {count_words(node.op_type, what, least, most, count)}")
 
 
 def _is_tensor(value):

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, count_words
 from ..cache_file import in_cache_file
 
 REQUIRED = object()
@@ -171,10 +171,7 @@ class Kernel:
             raise RuntimeError(f"{type(self).__name__} is prepared; its shape rule ran before")
         least, most = _arity(type(self))
         if not least <= len(inputs) <= most:
-            allowed = (f"{least}" if least == most else f"at least {least}" if most == math.inf
-                       else f"{least} to {most}")
-            self.fail(f"{self.node.op_type} takes {allowed} input{'' if allowed == '1' else 's'}, "
-                      f"the node has {len(inputs)}")
+            self.fail(count_words(self.node.op_type, "input", least, most, len(inputs)))
         object.__setattr__(self, "_sealed", "infer")
         try:
             result = self.infer(*inputs)
