@@ -63,7 +63,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 import nnrun
-from nnrun import NnrunError
+from nnrun import NnrunError, terminate
 
 from .fuzz_mutators import MUTATORS, Mutant
 from .fuzz_seeds import Seed, all_seeds
@@ -358,7 +358,7 @@ def classify(target, case, settings):
                           else f"{type(e).__name__}<-MemoryError")
         elif isinstance(e, NnrunError):
             record["outcome"] = "rejected" if progress.phase == "load" else "run-error"
-            if progress.stopped and "terminate flag" in str(e):
+            if progress.stopped and terminate.MESSAGE in str(e):
                 record["outcome"] = "stopped"
             foreign = next((c for c in chain[1:] if not isinstance(c, NnrunError)), None)
             if foreign is not None:
