@@ -14,32 +14,34 @@ as a wrong input count or a wrong attribute type, or a run as a value written tw
 
 Operators of other domains (com.microsoft, model-local functions) have no ONNX schema to hold
 them to; their kernels check what they take.
+
+The schemas come from `onnx_schema_table`, written from onnx's registry by a tool: the registry
+itself builds every schema on first use, 10 ms and 7.5 MB that a model's load should not cost.
 """
 
+import bisect
 import functools
 
 import numpy as np
-import onnx
-from onnx import defs
+from onnx import AttributeProto as _A
 
 from .. import ir
 from ..errors import ModelError, count_words, location, node_label
 from ..weights import ExternalData
 from .onnx import AttributeRef
+from .onnx_schema_table import IR_VERSION, NEWEST_OPSET, SCHEMAS
 
 # The domains whose operators ONNX's schemas define.
-SCHEMA_DOMAINS = ("", "ai.onnx.ml")
-
-_A = defs.OpSchema.AttrType
+SCHEMA_DOMAINS = tuple(NEWEST_OPSET)
 
 
 def check_model(graph, ir_version, where):
     """Raise ModelError for the first rule `graph` (with its bodies) breaks; `where` names the file."""
-    if ir_version > onnx.IR_VERSION:
+    if ir_version > IR_VERSION:
         raise ModelError(f"{where}: IR version {ir_version} is newer than nnrun supports "
-                         f"(at most {onnx.IR_VERSION})")
+                         f"(at most {IR_VERSION})")
     for domain, version in graph.opsets.items():
-        newest = _newest_opset(domain)
+        newest = NEWEST_OPSET.get(domain)
         if newest is not None and version > newest:
             named = f"domain {domain!r}" if domain else "the default domain (ai.onnx)"
             raise ModelError(f"{where}: opset {version} of {named} is newer than nnrun supports "
@@ -59,16 +61,6 @@ def check_model(graph, ir_version, where):
                 for body in value if isinstance(value, list) else (value,):
                     if isinstance(body, ir.Graph):
                         pending.append(body)
-
-
-@functools.lru_cache(maxsize=None)
-def _newest_opset(domain):
-    """The newest opset of an ONNX domain that the installed onnx release knows; None for others."""
-    if domain == "":
-        return defs.onnx_opset_version()
-    if domain not in SCHEMA_DOMAINS:
-        return None
-    return max(s.since_version for s in defs.get_all_schemas_with_history() if s.domain == domain)
 
 
 def _check_single_definitions(graph):
@@ -101,27 +93,32 @@ def _check_single_definitions(graph):
 
 @functools.lru_cache(maxsize=4096)
 def _schema(domain, op_type, version):
-    if domain not in SCHEMA_DOMAINS or version is None:
+    """(min inputs, max inputs, min outputs, max outputs, {attribute: type}) of the op's schema
+    at opset `version` (the newest since-version at or below it), or None: not an ONNX operator
+    at this opset, which check_supported names."""
+    versions = SCHEMAS.get((domain, op_type))
+    if versions is None or version is None:
         return None
-    try:
-        return defs.get_schema(op_type, version, domain)
-    except defs.SchemaError:
-        return None  # not an ONNX operator at this opset: check_supported names it
+    at = bisect.bisect_right([v[0] for v in versions], version)
+    if at == 0:
+        return None
+    _, *counts, attributes = versions[at - 1]
+    return (*counts, dict(attributes))
 
 
 def _check_schema(node, version):
     schema = _schema(node.domain, node.op_type, version)
     if schema is None:
         return
-    _check_count(node, "input", len(node.inputs), schema.min_input, schema.max_input)
-    _check_count(node, "output", len(node.outputs), schema.min_output, schema.max_output)
-    declared = schema.attributes
+    min_in, max_in, min_out, max_out, declared = schema
+    _check_count(node, "input", len(node.inputs), min_in, max_in)
+    _check_count(node, "output", len(node.outputs), min_out, max_out)
     for key, value in node.attrs.items():
-        attribute = declared.get(key)
-        if attribute is None:
+        kind = declared.get(key)
+        if kind is None:
             raise ModelError(f"{_at(node)}: {node.op_type} (opset {version}) has no attribute {key!r}")
-        if not _has_type(value, attribute.type):
-            raise ModelError(f"{_at(node)}: attribute {key!r} must be {_type_words(attribute.type)}, "
+        if not _has_type(value, kind):
+            raise ModelError(f"{_at(node)}: attribute {key!r} must be {_type_words(kind)}, "
                              f"got {_value_words(value)}")
 
 

@@ -172,3 +172,35 @@ def test_external_data_without_a_length_is_the_tensor_own_size(tmp_path):
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     got = nnrun.InferenceSession(str(path)).run(None, {"x": x})
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)
+
+
+def test_the_schema_table_is_what_the_installed_onnx_says():
+    """runtime/loader/onnx_schema_table.py is written from onnx's registry by a tool; it must be
+    that registry's content, or the tool must run again (`python -m nnrun_tools.onnx_schema_table`)."""
+    import onnx
+
+    from nnrun.loader import onnx_schema_table
+    from nnrun_tools.onnx_schema_table import table
+
+    schemas, newest = table()
+    assert onnx_schema_table.IR_VERSION == onnx.IR_VERSION
+    assert onnx_schema_table.NEWEST_OPSET == newest
+    assert onnx_schema_table.SCHEMAS == schemas
+
+
+def test_loading_a_model_builds_no_onnx_schema_registry():
+    """onnx's registry costs 10 ms and 7.5 MB on first use: a subprocess loads a model and checks
+    that the registry was never asked (its first get_schema call is what builds it)."""
+    import os
+    import subprocess
+    import sys
+
+    model = os.path.join(os.path.dirname(__file__), "..", "..", "models", "mobilenet_tiny.onnx")
+    script = (
+        "import onnx.defs, nnrun\n"
+        "calls = []\n"
+        "real = onnx.defs.get_schema\n"
+        "onnx.defs.get_schema = lambda *a, **k: calls.append(a) or real(*a, **k)\n"
+        f"nnrun.InferenceSession({model!r})\n"
+        "assert not calls, calls\n")
+    subprocess.run([sys.executable, "-c", script], check=True)
