@@ -29,7 +29,9 @@ Paths, chosen by the plan:
   each kernel tap is one elementwise op over long contiguous rows, in channel blocks
   that stay in L2; channels last: a tap loop over row tiles, whose windows are
   contiguous runs of (width, channels). A channels-first depthwise conv of small images
-  and many channels (rows shorter than the channels) is run channels last, transposed;
+  and many channels (rows shorter than the channels) is run channels last, transposed. With
+  numba (jit.py), a 1-D or 2-D one channels first sums each channel's planes over all taps in a
+  compiled loop instead (`CompiledDepthwise`), split by channels across the run's threads;
 - transposed conv: GEMM columns scattered into stride-phase planes.
 numpy is fast on long contiguous rows and several times slower on short or strided
 ones, which is what these layouts are for.
@@ -44,7 +46,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import size_limit
-from . import parallel
+from . import jit, parallel
 from .activation import apply_activation
 
 # Largest scratch buffer (im2col columns, phase planes) one step asks for. The smallest
@@ -787,10 +789,63 @@ GEMM_MIN_CHANNELS = 8
 GEMM_MIN_ROW = 128
 
 
+@dataclass(frozen=True, eq=False)
+class CompiledDepthwise:
+    """Channels first, 1-D or 2-D, float32 or float64, with numba: the phase planes of one channel
+    at a time, all taps summed by a compiled loop (jit_depthwise.py); output channels in ranges,
+    one per thread of the run for a large convolution. The arrays are what the kernel reads."""
+    kernel: object
+    fills: np.ndarray    # (phases, 8) int64: rows, columns and their input sources per phase plane
+    offsets: np.ndarray  # (taps,) int64: each tap's flat start in the planes
+    plane_w: int
+    plane_size: int
+    q_stride: int
+    planes_elems: int    # scratch: one channel's phase planes, then its accumulator
+    acc_elems: int
+
+
+# The compiled kernel sums a channel's flat plane; below this many sums per channel, with more
+# channels than that, numpy's channels-last path (one pass per tap over all channels) is as fast.
+COMPILED_MIN_ROW = 128
+
+
+def _compiled_depthwise(window, channels, dtype):
+    """The CompiledDepthwise of a window, or None when numba's kernel does not serve it."""
+    if len(window.in_spatial) not in (1, 2):
+        return None
+    if len(window.in_spatial) == 1:  # a 1-D window is a 2-D one of a single row
+        window = Window((1,) + window.in_spatial, (1,) + window.out_spatial, (1,) + window.kernel,
+                        (1,) + window.strides, (1,) + window.dilations, (0,) + window.pads_begin,
+                        (0,) + window.pads_end)
+    grid = phase_grid(window)
+    if grid.q_size < min(channels, COMPILED_MIN_ROW):
+        return None
+    kernel = jit.depthwise_kernel(dtype)
+    if kernel is None:
+        return None
+    plane_w = grid.plane_shape[1]
+    fills = []
+    for dst, src, _ in grid.fills:
+        if dst is None:  # a phase that reads only padding: its plane stays zero
+            fills.append((0, 0, 0, 0, 0, 1, 0, 1))
+        else:
+            fills.append((dst[0].start, dst[0].stop, dst[1].start, dst[1].stop,
+                          src[0].start, src[0].step, src[1].start, src[1].step))
+    offsets = [p * grid.plane_size + offset for p, offset in grid.taps]
+    rows, width = window.out_spatial
+    return CompiledDepthwise(kernel, np.array(fills, np.int64).reshape(-1, 8), np.array(offsets, np.int64),
+                             plane_w, grid.plane_size, grid.q_shape[1], len(fills) * grid.plane_size,
+                             (rows - 1) * grid.q_shape[1] + width)
+
+
 def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
     multiplier = c_out // c
     rest = math.prod(window.out_spatial[1:])
     if layout == CHANNELS_FIRST:
+        compiled = _compiled_depthwise(window, c, dtype)
+        if compiled is not None:
+            return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled,
+                            compiled.planes_elems + compiled.acc_elems, dtype)
         # Half types sum their taps in float32, rounded once into the output, as a GEMM
         # (numpy's or onnxruntime's) sums: a half accumulator loses a bit at every tap.
         dtype = np.dtype(np.float32) if dtype.itemsize < 4 else dtype
@@ -873,6 +928,8 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
         return out
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
+    if isinstance(plan.tiles, CompiledDepthwise):
+        return _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, DepthwisePlan):
         return _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, TransposedDepthwise):
@@ -881,6 +938,64 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
     for n in range(out.shape[0]):
         _depthwise_rows(x[n], w_taps, bias, out[n], plan.tiles, scratch, activation, c, multiplier)
     return out
+
+
+# A compiled depthwise conv is split into one range of output channels per thread of the run from
+# this many multiply-adds per share (~150 us at the kernel's 15-30 GFLOP/s): a split costs ~30 us
+# for the worker to wake and as long again for the caller to be woken when it is done (measured on
+# a 2-core virtual machine: a 0.3 ms conv takes 0.24 ms on two threads).
+COMPILED_SHARE = 1 << 21
+
+
+def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
+    """The compiled kernel (CompiledDepthwise). The first share's planes are the plan's scratch; a
+    share on another thread allocates its own, one channel's worth."""
+    how = plan.tiles
+    per_share = how.planes_elems + how.acc_elems
+    w2 = w_taps.reshape(-1, plan.c_out)  # (taps, C*M): a view of the tap-major weight
+    mode, lo, hi, after = _compiled_activation(activation, out.dtype)
+    has_bias = bias is not None
+    bias = bias if has_bias else w2[0]  # any array of the dtype: the kernel does not read it
+    multiplier = plan.c_out // plan.c_in
+    one_row = len(plan.window.in_spatial) == 1
+    shares = parallel.ranges(plan.c_out, max(1, min(parallel.current().threads,
+                                                     out[0].size * plan.window.taps // COMPILED_SHARE)))
+    bias = np.ascontiguousarray(bias)  # numba compiles a kernel per layout: keep to the one compiled
+    for n in range(out.shape[0]):
+        x_n = np.ascontiguousarray(x[n][:, None] if one_row else x[n])
+        out_n = out[n][:, None] if one_row else out[n]
+
+        def share(i):
+            own = scratch if i == 0 else np.empty(per_share, out.dtype)
+            how.kernel(x_n, w2, bias, has_bias, out_n, own[:how.planes_elems], own[how.planes_elems:per_share],
+                       how.fills, how.offsets, how.plane_w, how.plane_size, how.q_stride, multiplier, mode, lo,
+                       hi, *shares[i])
+        if len(shares) == 1:
+            share(0)
+        else:
+            parallel.current().run(share, len(shares))
+    if after is not None:
+        _bias_activation(out, None, after, CHANNELS_FIRST)
+    return out
+
+
+def _compiled_activation(activation, dtype):
+    """(mode, lo, hi, what is left to apply after) for the compiled kernel: ReLU and Clip as a clamp,
+    HardSwish as such; any other activation runs after, over the output."""
+    t = np.dtype(dtype).type
+    clamp = (jit.CLAMP, t(-np.inf), t(np.inf), None)
+    if activation is None:
+        return clamp
+    kind, params = activation
+    if kind == "Relu":
+        return jit.CLAMP, t(0), t(np.inf), None
+    if kind == "Clip":
+        low, high = params.get("min"), params.get("max")
+        return (jit.CLAMP, t(-np.inf if low is None else low), t(np.inf if high is None else high),
+                None)
+    if kind == "HardSwish":
+        return jit.HARD_SWISH, t(-np.inf), t(np.inf), None
+    return clamp[:3] + (activation,)
 
 
 def _depthwise_rows(x, w_taps, bias, out, tiles, scratch, activation, c, multiplier):

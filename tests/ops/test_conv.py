@@ -7,7 +7,7 @@ from oracle import (FLOAT16_RTOL, assert_close, check_model, check_node, helper,
 
 import nnrun
 from nnrun import ir
-from nnrun.ops import conv_core, parallel
+from nnrun.ops import conv_core, jit, parallel
 from nnrun.ops.conv import Conv, ConvTranspose
 from nnrun.ops.registry import TensorInfo
 
@@ -66,13 +66,72 @@ def test_conv_2d(x_shape, w_shape, attrs, bias, im2col):
     _conv_case(x_shape, w_shape, attrs, bias=bias)
 
 
+def _has_numba():
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# numba is in the test extra, so CI runs both kinds; without it the compiled cases say so as skips.
+needs_numba = pytest.mark.skipif(not _has_numba(), reason="numba (the jit extra) is not installed")
+
+
+@pytest.fixture(params=["numpy", pytest.param("compiled", marks=needs_numba)])
+def depthwise_kernel(request, monkeypatch):
+    """Both kinds of depthwise kernel: numpy's paths, and numba's compiled one, which then serves
+    every 1-D and 2-D depthwise case however small (the cases are small to keep the oracles fast)."""
+    if request.param == "numpy":
+        monkeypatch.setenv("NNRUN_JIT", "0")
+    else:
+        monkeypatch.delenv("NNRUN_JIT", raising=False)
+        monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
+    return request.param
+
+
+def _depthwise_plan(c, size, kernel=3):
+    return conv_core.conv_plan(conv_core.make_window((size, size), (kernel, kernel), pads=[1] * 4), c, c, c).tiles
+
+
 def test_each_depthwise_path_is_chosen_where_it_serves():
-    def plan(c, size, kernel=3):
-        return conv_core.conv_plan(conv_core.make_window((size, size), (kernel, kernel), pads=[1] * 4), c, c, c).tiles
-    assert plan(16, 14).gemm  # the cases above: a batched GEMM
-    assert isinstance(plan(96, 5), conv_core.TransposedDepthwise)  # short rows, many channels
-    assert not plan(32, 112).gemm  # large images: tap by tap over the planes
-    assert not plan(6, 9).gemm and isinstance(plan(6, 9), conv_core.DepthwisePlan)
+    with jit.disabled():
+        assert _depthwise_plan(16, 14).gemm  # the cases above: a batched GEMM
+        assert isinstance(_depthwise_plan(96, 5), conv_core.TransposedDepthwise)  # short rows, many channels
+        assert not _depthwise_plan(32, 112).gemm  # large images: tap by tap over the planes
+        assert not _depthwise_plan(6, 9).gemm and isinstance(_depthwise_plan(6, 9), conv_core.DepthwisePlan)
+
+
+@needs_numba
+def test_the_compiled_depthwise_kernel_serves_all_but_short_rows_of_many_channels(monkeypatch):
+    monkeypatch.delenv("NNRUN_JIT", raising=False)
+    assert isinstance(_depthwise_plan(32, 112), conv_core.CompiledDepthwise)
+    assert isinstance(_depthwise_plan(384, 14), conv_core.CompiledDepthwise)  # rows of 14 + 2, 224 sums
+    assert isinstance(_depthwise_plan(960, 7), conv_core.TransposedDepthwise)  # 63 sums, 960 channels
+    window = conv_core.make_window((9, 9, 9), (3, 3, 3), pads=[1] * 6)
+    assert not isinstance(conv_core.conv_plan(window, 4, 4, 4).tiles, conv_core.CompiledDepthwise)  # 3-D
+    monkeypatch.setenv("NNRUN_JIT", "0")
+    assert isinstance(_depthwise_plan(32, 112), conv_core.DepthwisePlan)
+
+
+def test_without_numba_plans_take_numpys_paths_quietly(tmp_path):
+    # A process where numba cannot be imported: no warning, numpy's path, the same answer.
+    script = tmp_path / "no_numba.py"
+    script.write_text(
+        "import sys, warnings\n"
+        "sys.modules['numba'] = None\n"
+        "warnings.simplefilter('error')\n"
+        "import numpy as np\n"
+        "from nnrun.ops import conv_core, jit\n"
+        "w = conv_core.make_window((112, 112), (3, 3), pads=[1] * 4)\n"
+        "plan = conv_core.conv_plan(w, 32, 32, 32)\n"
+        "assert isinstance(plan.tiles, conv_core.DepthwisePlan), plan.tiles\n"
+        "assert 'numba' in jit.unavailable_reason()\n"
+        "print('ok')\n")
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_small_convolutions_build_their_columns_in_one_strided_copy(im2col):
@@ -124,8 +183,37 @@ def test_conv_same_with_dilation(auto_pad, pads):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", GROUPED)
-def test_conv_grouped(x_shape, w_shape, attrs, im2col):
+def test_conv_grouped(x_shape, w_shape, attrs, im2col, depthwise_kernel):
     _conv_case(x_shape, w_shape, attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 32, 56, 56), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}),          # MobileNet's 3x3
+    ((1, 24, 40, 40), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 16, 30, 30), (16, 1, 5, 5), {"group": 16, "pads": [2, 2, 2, 2]}),          # groups of five taps
+    ((1, 16, 31, 29), (16, 1, 5, 5), {"group": 16, "pads": [2, 1, 2, 3], "strides": [2, 2]}),
+    ((1, 8, 33, 35), (8, 1, 7, 7), {"group": 8, "pads": [3, 3, 3, 3]}),             # 49 taps: 5, 3 and 1
+    ((1, 8, 20, 21), (8, 1, 2, 4), {"group": 8, "pads": [0, 1, 1, 2], "dilations": [3, 2]}),
+    ((2, 12, 18, 19), (24, 1, 3, 3), {"group": 12, "pads": [1, 1, 1, 1]}),          # multiplier 2
+])
+def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, depthwise_kernel):
+    _conv_case(x_shape, w_shape, attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 6, 15), (6, 1, 5), {"group": 6, "pads": [2, 2]}),
+    ((2, 4, 40), (8, 1, 3), {"group": 4, "pads": [1, 0], "strides": [2], "dilations": [3]}),
+])
+def test_depthwise_1d(x_shape, w_shape, attrs, depthwise_kernel):
+    _conv_case(x_shape, w_shape, attrs)
+
+
+def test_depthwise_float64(depthwise_kernel):
+    x = _data((2, 5, 12, 11)).astype(np.float64)
+    w = _data((5, 1, 3, 3), 1).astype(np.float64)
+    b = _data((5,), 2).astype(np.float64)
+    check_node("Conv", [("x", x)], {"group": 5, "pads": [1, 1, 1, 1], "strides": [2, 1]},
+               initializers=[("w", w), ("b", b)], oracle="reference")
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
@@ -241,8 +329,9 @@ def test_pointwise_needs_no_scratch():
     (("Relu", {}), ("Relu", {})),
     (("Clip", {"min": -0.5, "max": 0.5}), None),
     (("LeakyRelu", {"alpha": 0.2}), ("LeakyRelu", {"alpha": 0.2})),
+    (("HardSwish", {}), ("HardSwish", {})),
 ])
-def test_fused_activation(w_shape, group, activation, onnx_node):
+def test_fused_activation(w_shape, group, activation, onnx_node, depthwise_kernel):
     # The compiler sets `_activation` on a Conv node; the oracle is Conv followed by the activation.
     x = _data((2, 3, 8, 7))
     w = _data(w_shape, 1)

@@ -11,7 +11,7 @@ from oracle import assert_close, helper, make_model, rng, run_onnxruntime
 
 import nnrun
 from nnrun import threads
-from nnrun.ops import parallel
+from nnrun.ops import conv_core, parallel
 
 
 def test_pool_runs_each_chunk_once():
@@ -90,6 +90,8 @@ def split_everything(monkeypatch):
     """Every op splits, and the test sees that some did."""
     monkeypatch.setattr(parallel, "MIN_SHARE", 1)
     monkeypatch.setattr(parallel, "SPLIT_FROM", 2)
+    monkeypatch.setattr(conv_core, "COMPILED_SHARE", 1)
+    monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
     runs = []
     real = parallel.Pool.run
 

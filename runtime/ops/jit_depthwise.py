@@ -1,0 +1,138 @@
+"""Depthwise convolution compiled by numba (the `jit` extra): the phase planes of `conv_core.PhaseGrid`,
+summed over the taps in one loop per group of taps instead of two numpy passes per tap.
+
+numpy runs a depthwise tap as a multiply into scratch and an add into the accumulator, each a
+pass over the output at memory speed (3-8 GFLOP/s here). This kernel fills one channel's phase
+planes, then adds up to nine shifted rows per pass with the channel's weights held in registers
+(LLVM vectorises the loop over the flat plane), and writes the bias and a clamp or HardSwish with
+the copy into the output. It releases the GIL, so the kernels' pool runs channel ranges of one
+convolution on several threads.
+
+Imported only through `jit.py`, which checks that numba is there and compiles this once per
+process (`cache=True`: later processes load the machine code from numba's cache).
+"""
+
+from numba import njit
+
+from .jit import HARD_SWISH
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, plane_size, q_stride,
+              multiplier, mode, lo, hi, o0, o1):
+    """out[o0:o1] of one image. x (C, H, W); w2 (taps, C*M); out (C*M, OH, OW); `planes` and `acc`:
+    scratch of phases * plane_size and (OH - 1) * q_stride + OW elements.
+
+    `fills` (phases, 8), per phase plane (rows `plane_w` wide, `plane_size` long): the plane rows
+    and columns [dh0, dh1) x [dw0, dw1) it takes from input rows sh0 + r*shs and columns
+    sw0 + m*sws (the rest stays zero: the padding); `offsets` (taps,): each tap's flat start in
+    the planes. The sum for output row r is at [r*q_stride, r*q_stride + OW) of the accumulator.
+    """
+    rows, width = out.shape[1], out.shape[2]
+    for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
+        planes[k] = 0
+    zero = x.dtype.type(0)
+    filled = -1
+    for oc in range(o0, o1):
+        c = oc // multiplier
+        if c != filled:
+            _fill(planes, x[c], fills, plane_w, plane_size)
+            filled = c
+        _sum_taps(planes, w2[:, oc], offsets, acc)
+        b = bias[oc] if has_bias else zero
+        for r in range(rows):
+            dst = out[oc, r]
+            src = acc[r * q_stride:r * q_stride + width]
+            for m in range(width):
+                dst[m] = _activate(src[m] + b, mode, lo, hi)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _fill(planes, image, fills, plane_w, plane_size):
+    """One channel's phase planes from its image (H, W); only the parts the image covers are written."""
+    for p in range(fills.shape[0]):
+        dh0, dh1, dw0, dw1, sh0, shs, sw0, sws = fills[p]
+        cols = dw1 - dw0
+        for r in range(dh1 - dh0):
+            src = image[sh0 + r * shs, sw0:sw0 + (cols - 1) * sws + 1:sws]
+            start = p * plane_size + (dh0 + r) * plane_w + dw0
+            dst = planes[start:start + cols]
+            for m in range(cols):
+                dst[m] = src[m]
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _sum_taps(planes, w, offsets, acc):
+    """acc = sum over taps t of w[t] * planes[offsets[t]:][:len(acc)]: nine taps (3x3) in one pass,
+    else groups of five, three, one, each one pass over acc (slices, so that LLVM sees
+    non-negative indices and vectorises)."""
+    n = acc.shape[0]
+    taps = offsets.shape[0]
+    t = 0
+    if taps == 9:
+        p0 = planes[offsets[0]:]
+        p1 = planes[offsets[1]:]
+        p2 = planes[offsets[2]:]
+        p3 = planes[offsets[3]:]
+        p4 = planes[offsets[4]:]
+        p5 = planes[offsets[5]:]
+        p6 = planes[offsets[6]:]
+        p7 = planes[offsets[7]:]
+        p8 = planes[offsets[8]:]
+        w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
+        for k in range(n):
+            acc[k] = (p0[k] * w0 + p1[k] * w1 + p2[k] * w2 + p3[k] * w3 + p4[k] * w4 + p5[k] * w5
+                      + p6[k] * w6 + p7[k] * w7 + p8[k] * w8)
+        return
+    while t + 5 <= taps:
+        p0 = planes[offsets[t]:]
+        p1 = planes[offsets[t + 1]:]
+        p2 = planes[offsets[t + 2]:]
+        p3 = planes[offsets[t + 3]:]
+        p4 = planes[offsets[t + 4]:]
+        w0, w1, w2, w3, w4 = w[t], w[t + 1], w[t + 2], w[t + 3], w[t + 4]
+        if t == 0:
+            for k in range(n):
+                acc[k] = p0[k] * w0 + p1[k] * w1 + p2[k] * w2 + p3[k] * w3 + p4[k] * w4
+        else:
+            for k in range(n):
+                acc[k] += p0[k] * w0 + p1[k] * w1 + p2[k] * w2 + p3[k] * w3 + p4[k] * w4
+        t += 5
+    while t + 3 <= taps:
+        p0 = planes[offsets[t]:]
+        p1 = planes[offsets[t + 1]:]
+        p2 = planes[offsets[t + 2]:]
+        w0, w1, w2 = w[t], w[t + 1], w[t + 2]
+        if t == 0:
+            for k in range(n):
+                acc[k] = p0[k] * w0 + p1[k] * w1 + p2[k] * w2
+        else:
+            for k in range(n):
+                acc[k] += p0[k] * w0 + p1[k] * w1 + p2[k] * w2
+        t += 3
+    while t < taps:
+        p0 = planes[offsets[t]:]
+        w0 = w[t]
+        if t == 0:
+            for k in range(n):
+                acc[k] = p0[k] * w0
+        else:
+            for k in range(n):
+                acc[k] += p0[k] * w0
+        t += 1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _activate(v, mode, lo, hi):
+    if mode == HARD_SWISH:
+        f = v * (1.0 / 6.0) + 0.5
+        if f < 0:
+            f = 0
+        if f > 1:
+            f = 1
+        return v * f
+    if v < lo:  # NaN stays NaN, as numpy's clip and maximum keep it
+        v = lo
+    if v > hi:
+        v = hi
+    return v
