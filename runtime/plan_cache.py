@@ -34,7 +34,8 @@ class PlanCache:
         self.packer = packer  # keeps what kernels pack: a WeightCache, or None (memory)
         self.body_options = CompileOptions(options.disabled_passes | {"release_weights"},
                                            options.order_search_seconds,
-                                           max_tensor_bytes=options.max_tensor_bytes)
+                                           max_tensor_bytes=options.max_tensor_bytes,
+                                           compiled_kernels=options.compiled_kernels)
         self._executors = {}
         self._graphs = {}  # id -> graph: keeps each keyed graph alive, so its id is never reused
         self._lock = threading.RLock()

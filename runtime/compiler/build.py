@@ -25,6 +25,7 @@ from ..errors import ModelError, UnsupportedOperatorError, raise_located
 from ..ir import Graph
 from ..memory_limit import anonymous_bytes
 from ..onnx_types import type_name
+from ..ops import jit
 from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, NoElements, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
@@ -53,7 +54,7 @@ class CompileOptions:
     """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
 
     def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, memory_budget_auto=None,
-                 max_tensor_bytes=None, **switches):
+                 max_tensor_bytes=None, compiled_kernels=None, **switches):
         disabled = set(disabled_passes)
         for name, on in switches.items():
             if not on:
@@ -70,6 +71,8 @@ class CompileOptions:
         # The largest tensor the graph or its feeds may make (SessionOptions.max_tensor_bytes,
         # resolved); None: the limit in force (size_limit.current()).
         self.max_tensor_bytes = max_tensor_bytes
+        # Whether kernels may be compiled by numba (ops/jit.py); None: as NNRUN_JIT says.
+        self.compiled_kernels = compiled_kernels
 
     def __repr__(self):
         return (f"CompileOptions(disabled_passes={sorted(self.disabled_passes)}, "
@@ -99,7 +102,7 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     which is in force for the shape rules and kernels while the graph is planned.
     """
     limit = size_limit.current() if options.max_tensor_bytes is None else options.max_tensor_bytes
-    with size_limit.in_force(limit):
+    with size_limit.in_force(limit), jit.chosen(options.compiled_kernels):
         if options.memory_budget is None:
             return _compile_graph(graph, feeds, options, constants, planner, packer, limit)
         with scratch_limit(max(SCRATCH_FLOOR, options.memory_budget // 16)):

@@ -1,14 +1,18 @@
-"""Kernels compiled by numba, where it is installed (`pip install 'nnrun[jit]'`): the one place that
-decides whether they are used.
+"""Kernels compiled by numba (`pip install 'nnrun[jit]'`), for plans that ask for them: the one
+place that decides whether they are used.
 
 numpy and BLAS are nnrun's kernel language; numba serves the one kernel numpy runs far below the
-machine's speed, depthwise convolution (many short passes per tap: see jit_depthwise.py). Without
-numba, or with `NNRUN_JIT=0` in the environment, or inside `disabled()`, plans take the numpy paths,
+machine's speed, depthwise convolution (many short passes per tap: see jit_depthwise.py).
+
+They are opt-in, per session (`SessionOptions.compiled_kernels = True`, `nnrun --jit`) or per
+process (`NNRUN_JIT=1`), because numba costs what nnrun exists to save: loading it and the kernel
+takes ~0.3 s and ~125 MB of RSS (~50 MB of it anonymous) once per process, more than a whole
+ResNet-50 run holds. Plans that do not ask, or a process without numba, take the numpy paths,
 which compute the same sums.
 
 A kernel is compiled (or loaded from numba's on-disk cache) when the first plan that uses it is
-made, at PREPARE, so a run never compiles; loading numba and the kernel costs about 0.3 s once per
-process. A numba that fails to import or to compile warns once and leaves the numpy paths in use.
+made, at PREPARE, so a run never compiles. Asked for where numba is missing or fails to compile,
+they warn once per process and the numpy paths are used.
 """
 
 import contextlib
@@ -24,7 +28,7 @@ import numpy as np
 CLAMP = 0
 HARD_SWISH = 1
 
-_OFF = contextvars.ContextVar("nnrun_jit_off", default=False)
+_CHOICE = contextvars.ContextVar("nnrun_jit", default=None)
 _lock = threading.Lock()
 _kernels = {}  # dtype -> the compiled depthwise kernel, or None when it cannot be had
 _module = None
@@ -32,18 +36,25 @@ _failed = None  # why numba cannot be used in this process, once found
 
 
 @contextlib.contextmanager
-def disabled():
-    """Plans made inside use the numpy paths (tests compare both)."""
-    token = _OFF.set(True)
+def chosen(on):
+    """Plans made inside use compiled kernels if `on` (None: as the environment says)."""
+    token = _CHOICE.set(on)
     try:
         yield
     finally:
-        _OFF.reset(token)
+        _CHOICE.reset(token)
+
+
+def disabled():
+    return chosen(False)
 
 
 def wanted():
-    """Whether plans made now may use compiled kernels (not whether numba is there)."""
-    return not _OFF.get() and os.environ.get("NNRUN_JIT", "1") not in ("0", "false", "no", "off")
+    """Whether plans made now ask for compiled kernels (not whether numba is there)."""
+    choice = _CHOICE.get()
+    if choice is None:
+        return os.environ.get("NNRUN_JIT", "0").lower() in ("1", "true", "yes", "on")
+    return bool(choice)
 
 
 def depthwise_kernel(dtype):
@@ -78,11 +89,11 @@ def _compile_depthwise(dtype):
             raise RuntimeError(f"the compiled depthwise kernel's self-check gave {out[0, 0, 0]}, not 1")
         return kernel
     except ImportError as e:
-        _failed = str(e)  # numba is not installed: the normal case without the extra, no warning
+        _failed = f"numba is not installed (pip install 'nnrun[jit]'): {e}"
     except Exception as e:  # noqa: BLE001 - a broken numba must not stop a model from running
         _failed = f"{type(e).__name__}: {e}"
-        warnings.warn(f"nnrun: numba's depthwise kernel is unavailable ({_failed}); using numpy's",
-                      RuntimeWarning, stacklevel=3)
+    warnings.warn(f"nnrun: compiled kernels were asked for but are unavailable ({_failed}); using numpy's",
+                  RuntimeWarning, stacklevel=3)
     return None
 
 

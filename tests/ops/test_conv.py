@@ -83,9 +83,9 @@ def depthwise_kernel(request, monkeypatch):
     """Both kinds of depthwise kernel: numpy's paths, and numba's compiled one, which then serves
     every 1-D and 2-D depthwise case however small (the cases are small to keep the oracles fast)."""
     if request.param == "numpy":
-        monkeypatch.setenv("NNRUN_JIT", "0")
+        monkeypatch.delenv("NNRUN_JIT", raising=False)  # the default
     else:
-        monkeypatch.delenv("NNRUN_JIT", raising=False)
+        monkeypatch.setenv("NNRUN_JIT", "1")
         monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
     return request.param
 
@@ -104,7 +104,7 @@ def test_each_depthwise_path_is_chosen_where_it_serves():
 
 @needs_numba
 def test_the_compiled_depthwise_kernel_serves_all_but_short_rows_of_many_channels(monkeypatch):
-    monkeypatch.delenv("NNRUN_JIT", raising=False)
+    monkeypatch.setenv("NNRUN_JIT", "1")
     assert isinstance(_depthwise_plan(32, 112), conv_core.CompiledDepthwise)
     assert isinstance(_depthwise_plan(384, 14), conv_core.CompiledDepthwise)  # rows of 14 + 2, 224 sums
     assert isinstance(_depthwise_plan(960, 7), conv_core.TransposedDepthwise)  # 63 sums, 960 channels
@@ -112,21 +112,51 @@ def test_the_compiled_depthwise_kernel_serves_all_but_short_rows_of_many_channel
     assert not isinstance(conv_core.conv_plan(window, 4, 4, 4).tiles, conv_core.CompiledDepthwise)  # 3-D
     monkeypatch.setenv("NNRUN_JIT", "0")
     assert isinstance(_depthwise_plan(32, 112), conv_core.DepthwisePlan)
+    monkeypatch.delenv("NNRUN_JIT")
+    assert isinstance(_depthwise_plan(32, 112), conv_core.DepthwisePlan)  # off unless asked for
 
 
-def test_without_numba_plans_take_numpys_paths_quietly(tmp_path):
-    # A process where numba cannot be imported: no warning, numpy's path, the same answer.
+@needs_numba
+@pytest.mark.parametrize("how", ["session option", "environment"])
+def test_a_session_asks_for_compiled_kernels(monkeypatch, how):
+    # MobileNet's block: a depthwise 3x3 with ReLU6 between two pointwise convolutions.
+    x = _data((1, 8, 20, 20))
+    inits = [("w1", _data((16, 8, 1, 1), 1)), ("w2", _data((16, 1, 3, 3), 2)), ("b2", _data((16,), 3)),
+             ("lo", np.float32(0)), ("hi", np.float32(6)), ("w3", _data((8, 16, 1, 1), 4))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["a", "w2", "b2"], ["d"], group=16, pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["r"]),
+             helper.make_node("Conv", ["r", "w3"], ["y"])]
+    model = make_model(nodes, [("x", x)], [("y", None)], inits)
+    (expected,) = run_onnxruntime(model, {"x": x})
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = None
+    if how == "session option":
+        options.compiled_kernels = True
+    else:
+        monkeypatch.setenv("NNRUN_JIT", "1")
+    made = []
+    real = conv_core._compiled_depthwise
+    monkeypatch.setattr(conv_core, "_compiled_depthwise", lambda *a: made.append(real(*a)) or made[-1])
+    monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
+    (actual,) = nnrun.InferenceSession(model.SerializeToString(), options).run(None, {"x": x})
+    assert_close(actual, expected)
+    assert any(isinstance(m, conv_core.CompiledDepthwise) for m in made)
+
+
+def test_compiled_kernels_asked_for_without_numba_warn_once_and_take_numpys_paths(tmp_path):
     script = tmp_path / "no_numba.py"
     script.write_text(
-        "import sys, warnings\n"
+        "import os, sys, warnings\n"
         "sys.modules['numba'] = None\n"
-        "warnings.simplefilter('error')\n"
-        "import numpy as np\n"
+        "os.environ['NNRUN_JIT'] = '1'\n"
         "from nnrun.ops import conv_core, jit\n"
         "w = conv_core.make_window((112, 112), (3, 3), pads=[1] * 4)\n"
-        "plan = conv_core.conv_plan(w, 32, 32, 32)\n"
-        "assert isinstance(plan.tiles, conv_core.DepthwisePlan), plan.tiles\n"
-        "assert 'numba' in jit.unavailable_reason()\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    plans = [conv_core.conv_plan(w, 32, 32, 32) for _ in range(2)]\n"
+        "assert all(isinstance(p.tiles, conv_core.DepthwisePlan) for p in plans), plans\n"
+        "assert len(caught) == 1 and 'nnrun[jit]' in str(caught[0].message), caught\n"
         "print('ok')\n")
     import subprocess
     import sys

@@ -92,6 +92,7 @@ def split_everything(monkeypatch):
     monkeypatch.setattr(parallel, "SPLIT_FROM", 2)
     monkeypatch.setattr(conv_core, "COMPILED_SHARE", 1)
     monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
+    monkeypatch.setenv("NNRUN_JIT", "1")  # where numba is installed, its depthwise kernel splits too
     runs = []
     real = parallel.Pool.run
 
