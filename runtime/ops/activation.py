@@ -60,9 +60,15 @@ def lower_limit(dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
+_RELU_BOUNDS = {}  # dtype -> (0, its upper limit) as that type: made once, not per call
+
+
 def relu(x, out):
-    kind = out.dtype.type
-    clip_ufunc(x, kind(0), kind(upper_limit(out.dtype)), out=out)
+    bounds = _RELU_BOUNDS.get(out.dtype)
+    if bounds is None:
+        kind = out.dtype.type
+        bounds = _RELU_BOUNDS[out.dtype] = (kind(0), kind(upper_limit(out.dtype)))
+    clip_ufunc(x, *bounds, out=out)
 
 
 def leaky_relu(x, out, alpha=0.01):

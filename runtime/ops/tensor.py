@@ -344,9 +344,13 @@ class Cast(Kernel):
 
     def infer(self, x):
         check_cast(self.node, x.dtype, self.dtype)
-        return [TensorInfo(x.shape, self.dtype)]
+        if x.dtype == self.dtype:  # a cast to the type it has: the input itself, as an alias
+            return Inferred([TensorInfo(x.shape, self.dtype, alias_of=0)], same=True)
+        return Inferred([TensorInfo(x.shape, self.dtype)], same=False)
 
     def run(self, x, outs, scratch):
+        if self.same:
+            return x
         if self.convert:
             exotic_types.convert_into(outs[0], x, bool(self.saturate), self.round_mode)
         else:
@@ -363,7 +367,8 @@ class CastLike(Cast):
     def infer(self, x, like):
         check_cast(self.node, x.dtype, like.dtype)
         convert = exotic_types.needs_conversion(like.dtype, self.saturate)
-        return Inferred([TensorInfo(x.shape, like.dtype)], convert=convert)
+        same = x.dtype == like.dtype
+        return Inferred([TensorInfo(x.shape, like.dtype, alias_of=0 if same else None)], convert=convert, same=same)
 
     def run(self, x, like, outs, scratch):
         super().run(x, outs, scratch)

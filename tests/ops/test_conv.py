@@ -50,10 +50,13 @@ CONV_2D = [
 ]
 
 
-@pytest.fixture(params=["windows", "per tap"])
+@pytest.fixture(params=["windows", "windows strided", "per tap"])
 def im2col(request, monkeypatch):
-    """Both ways small convolutions build their columns: one strided copy of every window (what
-    they take), and a copy per tap (what larger ones take)."""
+    """Every way small convolutions build their columns: a gather by an index made at PREPARE (the
+    smallest), one strided copy of every window (what they take), and a copy per tap (what larger
+    ones take)."""
+    if request.param == "windows strided":
+        monkeypatch.setattr(conv_core, "GATHER_ELEMS", 0)
     if request.param == "per tap":
         monkeypatch.setattr(conv_core, "WINDOW_COPY_ELEMS", 0)
         monkeypatch.setattr(conv_core, "WINDOW_COPY_TAPS", 1 << 30)
@@ -164,12 +167,30 @@ def test_compiled_kernels_asked_for_without_numba_warn_once_and_take_numpys_path
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_small_convolutions_build_their_columns_in_one_strided_copy(im2col):
+def test_small_convolutions_build_their_columns_in_one_copy(im2col):
     window = conv_core.make_window((9, 8), (3, 3), (2, 1), (1, 2), (1, 2, 0, 1))
     plan = conv_core.conv_plan(window, 4, 6)
-    assert (plan.method == "gemm-windows") == (im2col == "windows")
+    assert (plan.method == "gemm-windows") == im2col.startswith("windows")
     stft = conv_core.conv_plan(conv_core.make_window((1024,), (256,), (128,)), 1, 258)
-    assert (stft.method == "gemm-windows") == (im2col == "windows")  # many taps
+    assert (stft.method == "gemm-windows") == im2col.startswith("windows")  # many taps
+    if plan.method == "gemm-windows":
+        assert (plan.windows.gather is not None) == (im2col == "windows")  # 4 * 9 * 4 * 7 columns
+        assert (stft.windows.gather is not None) == (im2col == "windows")  # 256 * 7 columns
+        longer = conv_core.conv_plan(conv_core.make_window((4096,), (256,), (128,)), 1, 258)
+        assert longer.method == "gemm-windows" and longer.windows.gather is None  # 256 * 31: too many
+
+
+@pytest.mark.parametrize("pads", [(0, 0, 0, 0), (1, 2, 0, 1), (3, 3, 3, 3)])
+def test_the_gather_index_reads_each_window_or_the_zero_past_the_image(pads):
+    window = conv_core.make_window((5, 6), (3, 2), (2, 1), (1, 2), pads)
+    index = conv_core._gather_index(window, 3)
+    image = np.arange(1, 3 * 5 * 6 + 1, dtype=np.int64).reshape(3, 5, 6)  # 0 marks padding
+    padded = np.pad(image, ((0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    expected = np.empty((3, 3, 2, *window.out_spatial), np.int64)
+    for kh, kw, oh, ow in np.ndindex(3, 2, *window.out_spatial):
+        expected[:, kh, kw, oh, ow] = padded[:, oh * 2 + kh * 1, ow * 1 + kw * 2]
+    source = np.append(image.reshape(-1), 0)
+    np.testing.assert_array_equal(source[index].reshape(expected.shape), expected)
 
 
 GROUPED = [

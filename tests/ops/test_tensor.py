@@ -332,6 +332,23 @@ def test_cast_zero_size():
     check_node("Cast", [("x", data((0, 3)))], {"to": 7})
 
 
+@pytest.mark.parametrize("op", ["Cast", "CastLike"])
+def test_a_cast_to_the_type_it_has_is_a_view_of_its_input(op):
+    # Exporters write them (silero VAD has four): no step runs, and the output, a graph output as
+    # well as one read on, is the input's values.
+    extra = ["like"] if op == "CastLike" else []
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node(op, ["r"] + extra, ["c"], **({"to": 1} if op == "Cast" else {})),
+             helper.make_node("Neg", ["c"], ["y"])]
+    inits = [("like", np.zeros(1, np.float32))] if extra else []
+    model = make_model(nodes, [("x", data((2, 3)))], [("c", None), ("y", None)], inits, opset=15)
+    check_model(model, {"x": data((2, 3))})
+    sess = session(model)
+    sess.run(None, {"x": data((2, 3))})
+    steps = [s for s in sess._last.steps if s.node.op_type == op]
+    assert len(steps) == 1 and steps[0].alias_of >= 0
+
+
 @pytest.mark.parametrize("like", [np.int32, np.float64, np.bool_, np.float16])
 def test_castlike(like):
     check_node("CastLike", [("x", cast_source(np.float32)), ("like", np.zeros(2, like))], opset=15)
