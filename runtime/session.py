@@ -70,8 +70,12 @@ def _within_stack(error, phase):
     try:
         yield
     except RecursionError as e:
-        raise error(f"{phase}: the model's graphs nest deeper than Python's recursion limit "
-                    f"({sys.getrecursionlimit()}) allows from this call ({e})") from None
+        raise _too_deep(error, phase, e) from None
+
+
+def _too_deep(error, phase, e):
+    return error(f"{phase}: the model's graphs nest deeper than Python's recursion limit "
+                 f"({sys.getrecursionlimit()}) allows from this call ({e})")
 
 
 class NodeArg:
@@ -97,6 +101,19 @@ class ModelMetadata:
         self.graph_description = meta.graph_description
         self.version = meta.version
         self.custom_metadata_map = dict(meta.custom_metadata_map)
+
+
+def _feed_rules(inputs):
+    """name -> (its ValueInfo, its rank or None, the (axis, size) of its fixed dimensions): what
+    `_check_feeds` checks of each feed, worked out once."""
+    rules = {}
+    for info in inputs:
+        if info.dims is None:
+            rules[info.name] = (info, None, ())
+        else:
+            fixed = tuple((axis, want) for axis, want in enumerate(info.dims) if isinstance(want, int) and want >= 0)
+            rules[info.name] = (info, len(info.dims), fixed)
+    return rules
 
 
 def _stop_position(plan, stop_after):
@@ -292,6 +309,11 @@ class InferenceSession:
                                                               self._max_tensor_bytes),
                                 self._weight_cache)
         self._plan_lock = threading.Lock()  # one PREPARE at a time, each recorded once
+        # signature (name, shape, dtype per input) -> its Executor: a run's lookup without the plan
+        # cache's lock and key (a few microseconds, a tenth of a small model's run)
+        self._by_signature = {}
+        self._feed_rules = _feed_rules(self._graph.inputs)
+        self._output_names = tuple(v.name for v in self._graph.outputs)
         self._last = None
         self._last_outputs = {}
         self._run_io = []  # executor.RunIO of each run under a budget
@@ -379,8 +401,10 @@ class InferenceSession:
         feeds = self._check_feeds(input_feed)
         # A sequence or an optional has no shape or dtype here: its plan is the same whatever it holds.
         signature = tuple((name, getattr(feeds[name], "shape", None), getattr(feeds[name], "dtype", None))
-                          for name in (v.name for v in self._graph.inputs))
-        executor = self._executor_for(signature)
+                          for name in self._feed_rules)
+        executor = self._by_signature.get(signature)
+        if executor is None:
+            executor = self._by_signature[signature] = self._executor_for(signature)
         profile = [] if self._profiler else None
         trace = getattr(run_options, "trace", None)
         stop = _stop_position(executor.plan, getattr(run_options, "stop_after", None))
@@ -392,14 +416,17 @@ class InferenceSession:
         polled = measure and self._recorder.poll
         started = time.perf_counter_ns()
         threads = self._threads.begin()
-        try:
-            with _within_stack(ExecutionError, "EXECUTE"), terminate.watching(run_options):
-                if polled:
-                    with self._recorder.phase("EXECUTE"):
-                        results = executor.run(feeds, profile, trace, stop, into)
-                else:
+        watched = terminate.enter(run_options)
+        try:  # what _within_stack does, without a generator's cost on every run
+            if polled:
+                with self._recorder.phase("EXECUTE"):
                     results = executor.run(feeds, profile, trace, stop, into)
+            else:
+                results = executor.run(feeds, profile, trace, stop, into)
+        except RecursionError as e:
+            raise _too_deep(ExecutionError, "EXECUTE", e) from None
         finally:
+            terminate.leave(watched)
             self._threads.end(threads)
         if not polled:
             self._recorder.record_run((time.perf_counter_ns() - started) / 1e6, measure)
@@ -411,16 +438,18 @@ class InferenceSession:
         shaped = results if not self._outside_outputs else {
             n: a for n, a in results.items() if isinstance(a, np.ndarray)}
         self._last_outputs = {n: (a.shape, a.dtype) for n, a in shaped.items()}
-        outputs = [v.name for v in self._graph.outputs]
+        outputs = self._output_names
         if output_names is None:
             output_names = outputs
-        missing = [n for n in output_names if n not in outputs]
-        if missing:
-            raise InputError(f"unknown output names {missing}; the model's outputs are {outputs}")
-        not_yet = [n for n in output_names if n not in results]
-        if not_yet:
-            raise InputError(f"outputs {not_yet} are computed after stop_after "
-                             f"{run_options.stop_after!r}")
+        else:
+            missing = [n for n in output_names if n not in outputs]
+            if missing:
+                raise InputError(f"unknown output names {missing}; the model's outputs are {list(outputs)}")
+        if stop is not None:
+            not_yet = [n for n in output_names if n not in results]
+            if not_yet:
+                raise InputError(f"outputs {not_yet} are computed after stop_after "
+                                 f"{run_options.stop_after!r}")
         if into:
             for name, target in into.items():
                 results[name] = _copied_into(name, results[name], target)
@@ -458,6 +487,7 @@ class InferenceSession:
         self._graph = Graph(g.name, [], g.inputs, g.outputs, {}, opsets=g.opsets, format=g.format, path=g.path,
                             meta=g.meta)
         self._plans.close()
+        self._by_signature = {}
         self._plans = self._last = self._weight_cache = None
         if self._profiler is not None:
             self._profiler.settle()  # end_profiling still writes the runs so far
@@ -490,14 +520,15 @@ class InferenceSession:
     def _check_feeds(self, input_feed):
         if not isinstance(input_feed, dict):
             raise InputError("input_feed must be a dict of input name -> array")
-        declared = {v.name: v for v in self._graph.inputs}
-        unknown = [n for n in input_feed if n not in declared]
-        if unknown:
-            raise InputError(f"unknown input names {unknown}; the model's inputs are {list(declared)}")
+        rules = self._feed_rules
+        if input_feed.keys() != rules.keys():
+            unknown = [n for n in input_feed if n not in rules]
+            if unknown:
+                raise InputError(f"unknown input names {unknown}; the model's inputs are {list(rules)}")
+            missing = next(n for n in rules if n not in input_feed)
+            raise InputError(f"input {missing!r} is missing")
         feeds = {}
-        for name, info in declared.items():
-            if name not in input_feed:
-                raise InputError(f"input {name!r} is missing")
+        for name, (info, rank, fixed) in rules.items():
             value = input_feed[name]
             if info.containers:
                 value = _container_feed(name, info, value)
@@ -505,14 +536,15 @@ class InferenceSession:
                     feeds[name] = value
                     continue
             array = _feed_array(name, info, value)
-            if info.dims is not None:
-                if array.ndim != len(info.dims):
-                    raise InputError(f"input {name!r}: expected rank {len(info.dims)} "
-                                     f"(shape {list(info.dims)}), got shape {list(array.shape)}")
-                for axis, (want, got) in enumerate(zip(info.dims, array.shape)):
-                    if isinstance(want, int) and want >= 0 and want != got:
+            if rank is not None:
+                shape = array.shape
+                if len(shape) != rank:
+                    raise InputError(f"input {name!r}: expected rank {rank} "
+                                     f"(shape {list(info.dims)}), got shape {list(shape)}")
+                for axis, want in fixed:
+                    if shape[axis] != want:
                         raise InputError(f"input {name!r}: dimension {axis} must be {want}, got "
-                                         f"{got} (shape {list(array.shape)})")
+                                         f"{shape[axis]} (shape {list(shape)})")
             if not array.flags.c_contiguous:
                 try:
                     array = np.ascontiguousarray(array)

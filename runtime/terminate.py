@@ -26,6 +26,15 @@ def watching(run_options):
         _OPTIONS.reset(token)
 
 
+def enter(run_options):
+    """What `watching` does on entry, for the hot path of a run: returns the token for `leave`."""
+    return _OPTIONS.set(run_options if hasattr(run_options, "terminate") else None)
+
+
+def leave(token):
+    _OPTIONS.reset(token)
+
+
 def current():
     """The current run's options, or None."""
     return _OPTIONS.get()

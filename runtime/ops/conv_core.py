@@ -410,7 +410,8 @@ class WindowCopy:
     inside: tuple         # where the image lies in it (slices)
     kernel_steps: tuple   # per spatial dim, elements between a window's taps (the dilation)
     out_steps: tuple      # per spatial dim, elements between windows (the stride)
-    gather: np.ndarray | None = field(default=None, compare=False)  # flat (C, *kernel, *out) index into the image and one zero after it
+    # the flat (C, *kernel, *out) index into the image, and one zero after it, of a gather
+    gather: np.ndarray | None = field(default=None, compare=False)
 
 
 def _padded_image(window):

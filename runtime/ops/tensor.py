@@ -371,7 +371,7 @@ class CastLike(Cast):
         return Inferred([TensorInfo(x.shape, like.dtype, alias_of=0 if same else None)], convert=convert, same=same)
 
     def run(self, x, like, outs, scratch):
-        super().run(x, outs, scratch)
+        return super().run(x, outs, scratch)
 
 
 def border_sources(mode, positions, n):

@@ -349,6 +349,28 @@ def test_a_cast_to_the_type_it_has_is_a_view_of_its_input(op):
     assert len(steps) == 1 and steps[0].alias_of >= 0
 
 
+@pytest.mark.parametrize("op", ["Cast", "CastLike"])
+def test_a_cast_to_the_type_it_has_of_a_constant_folds_to_its_value(op):
+    extra = ["like"] if op == "CastLike" else []
+    nodes = [helper.make_node(op, ["w"] + extra, ["c"], **({"to": 1} if op == "Cast" else {})),
+             helper.make_node("Add", ["x", "c"], ["y"])]
+    inits = [("w", data((2, 3), seed=3))] + ([("like", np.zeros(1, np.float32))] if extra else [])
+    check_model(make_model(nodes, [("x", data((2, 3)))], [("y", None)], inits, opset=15), {"x": data((2, 3))})
+
+
+@pytest.mark.parametrize("op", ["Cast", "CastLike"])
+def test_a_cast_to_the_type_it_has_after_a_shape_only_a_run_tells(op):
+    # Compress by a fed condition: the cast runs eagerly, and hands its input on as its result.
+    # (Large enough that an output left unwritten is fresh pages, not a freed copy of the values.)
+    extra = ["like"] if op == "CastLike" else []
+    nodes = [helper.make_node("Compress", ["x", "keep"], ["k"], axis=0),
+             helper.make_node(op, ["k"] + extra, ["y"], **({"to": 1} if op == "Cast" else {}))]
+    inits = [("like", np.zeros(1, np.float32))] if extra else []
+    model = make_model(nodes, [("x", data((256, 512))), ("keep", np.zeros(256, np.bool_))], [("y", None)], inits,
+                       opset=15)
+    check_model(model, {"x": data((256, 512)), "keep": np.arange(256) % 3 > 0})
+
+
 @pytest.mark.parametrize("like", [np.int32, np.float64, np.bool_, np.float16])
 def test_castlike(like):
     check_node("CastLike", [("x", cast_source(np.float32)), ("like", np.zeros(2, like))], opset=15)
