@@ -926,15 +926,19 @@ def build_parser():
                         "nnrun:release_weights=False+fold_constants=False")
     p.add_argument("--runs", type=int, default=5, help="timed runs per process (default %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before them (default %(default)s)")
-    p.add_argument("--repeat", type=int, default=1, help="fresh processes per model and runtime; figures are medians over them (default 1)")
-    p.add_argument("--threads", type=int, default=cores, help="threads for every runtime (default: every usable core, here %(default)s)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="fresh processes per model and runtime; figures are medians over them (default 1)")
+    p.add_argument("--threads", type=int, default=cores,
+                   help="threads for every runtime (default: every usable core, here %(default)s)")
     p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="a symbolic dimension (default 1)")
     p.add_argument("--int-range", action="append", metavar="INPUT=LOW:HIGH",
                    help=f"range of an integer input (default [{INT_RANGE[0]}, {INT_RANGE[1]}); "
                         f"[0, 2) for masks and segment ids)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    p.add_argument("--rtol", type=float, default=1e-3, help="output check tolerance, relative to each output's largest magnitude (default %(default)g)")
-    p.add_argument("--reference-runs", type=int, default=1, help="timed runs of the (slow) reference evaluator, which gets no warm-up (default 1)")
+    p.add_argument("--rtol", type=float, default=1e-3,
+                   help="output check tolerance, relative to each output's largest magnitude (default %(default)g)")
+    p.add_argument("--reference-runs", type=int, default=1,
+                   help="timed runs of the (slow) reference evaluator, which gets no warm-up (default 1)")
     p.add_argument("--reference-max-mb", type=float, default=50.0,
                    help="skip the reference evaluator on models larger than this (default %(default)g)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker process (default %(default)g)")
