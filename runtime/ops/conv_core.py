@@ -456,7 +456,7 @@ def _window_columns(x_g, cols, how, spare):
             np.copyto(spare[:n], source)
             spare[n] = 0
             source = spare[:n + 1]
-        np.take(source, how.gather, out=cols.reshape(-1), mode="clip")
+        source.take(how.gather, out=cols.reshape(-1), mode="clip")
         return
     if how.padded is not None:
         padded = spare[:x_g.shape[0] * math.prod(how.padded)].reshape(x_g.shape[0], *how.padded)
