@@ -827,7 +827,7 @@ GEMM_MIN_ROW = 128
 @dataclass(frozen=True, eq=False)
 class CompiledDepthwise:
     """Channels first, 1-D or 2-D, float32 or float64, with numba: the phase planes of one channel
-    at a time, all taps summed by a compiled loop (jit_depthwise.py); output channels in ranges,
+    at a time, all taps summed by a compiled loop (_jit_depthwise.py); output channels in ranges,
     one per thread of the run for a large convolution. The arrays are what the kernel reads."""
     kernel: object
     fills: np.ndarray    # (phases, 8) int64: rows, columns and their input sources per phase plane

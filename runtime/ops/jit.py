@@ -2,7 +2,7 @@
 place that decides whether they are used.
 
 numpy and BLAS are nnrun's kernel language; numba serves the one kernel numpy runs far below the
-machine's speed, depthwise convolution (many short passes per tap: see jit_depthwise.py).
+machine's speed, depthwise convolution (many short passes per tap: see _jit_depthwise.py).
 
 They are opt-in, per session (`SessionOptions.compiled_kernels = True`, `nnrun --jit`) or per
 process (`NNRUN_JIT=1`), because numba costs what nnrun exists to save: loading it and the kernel
@@ -75,8 +75,8 @@ def _compile_depthwise(dtype):
         return None
     try:
         if _module is None:
-            from . import jit_depthwise
-            _module = jit_depthwise
+            from . import _jit_depthwise
+            _module = _jit_depthwise
         kernel = _module.depthwise
         # A 1x1 image through a 3x3 window: numba compiles (or loads) the kernel for this dtype now.
         x = np.ones((1, 1, 1), dtype)

@@ -147,11 +147,21 @@ def test_a_session_asks_for_compiled_kernels(monkeypatch, how):
     assert any(isinstance(m, conv_core.CompiledDepthwise) for m in made)
 
 
-def test_compiled_kernels_asked_for_without_numba_warn_once_and_take_numpys_paths(tmp_path):
+def test_without_numba_nnrun_runs_and_compiled_kernels_asked_for_warn_once(tmp_path):
     script = tmp_path / "no_numba.py"
     script.write_text(
         "import os, sys, warnings\n"
         "sys.modules['numba'] = None\n"
+        # nnrun as installed without the extra: every op family loads, a depthwise model runs
+        "import numpy as np, nnrun\n"
+        "from onnx import helper, TensorProto\n"
+        "conv = helper.make_node('Conv', ['x', 'w'], ['y'], group=4, pads=[1] * 4)\n"
+        "w = helper.make_tensor('w', TensorProto.FLOAT, [4, 1, 3, 3], [0.5] * 36)\n"
+        "g = helper.make_graph([conv], 'g', [helper.make_tensor_value_info('x', TensorProto.FLOAT, [1, 4, 8, 8])],\n"
+        "                      [helper.make_tensor_value_info('y', TensorProto.FLOAT, None)], [w])\n"
+        "model = helper.make_model(g, opset_imports=[helper.make_opsetid('', 13)]).SerializeToString()\n"
+        "(y,) = nnrun.InferenceSession(model).run(None, {'x': np.ones((1, 4, 8, 8), np.float32)})\n"
+        "assert y[0, 0, 4, 4] == 9 * 0.5 and y[0, 0, 0, 0] == 4 * 0.5, y  # nine taps inside, four at a corner\n"
         "os.environ['NNRUN_JIT'] = '1'\n"
         "from nnrun.ops import conv_core, jit\n"
         "w = conv_core.make_window((112, 112), (3, 3), pads=[1] * 4)\n"

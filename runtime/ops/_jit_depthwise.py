@@ -9,7 +9,8 @@ the copy into the output. It releases the GIL, so the kernels' pool runs channel
 convolution on several threads.
 
 Imported only through `jit.py`, which checks that numba is there and compiles this once per
-process (`cache=True`: later processes load the machine code from numba's cache).
+process (`cache=True`: later processes load the machine code from numba's cache); its leading
+underscore keeps `ops.load_all`, which imports every op family, from importing it.
 """
 
 from numba import njit
