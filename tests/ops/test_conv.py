@@ -206,6 +206,9 @@ def test_the_gather_index_reads_each_window_or_the_zero_past_the_image(pads):
 GROUPED = [
     ((2, 6, 9, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),                     # depthwise
     ((1, 5, 10, 11), (5, 1, 3, 3), {"group": 5, "strides": [2, 2], "pads": [1, 0, 0, 1]}),
+    # stride 2: even and odd columns of a row split in one pass (compiled), their counts unequal
+    ((1, 6, 9, 13), (6, 1, 3, 3), {"group": 6, "strides": [2, 2], "pads": [0, 1, 1, 0]}),
+    ((1, 6, 9, 12), (6, 1, 5, 5), {"group": 6, "strides": [2, 2], "pads": [2, 1, 2, 2]}),
     ((1, 4, 9, 9), (8, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),                     # multiplier 2
     ((1, 4, 12, 11), (12, 1, 5, 3), {"group": 4, "dilations": [2, 1], "strides": [1, 2],
                                      "pads": [4, 1, 3, 0]}),
