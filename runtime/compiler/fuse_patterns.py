@@ -3,6 +3,9 @@
     GELU       x * 0.5 * (1 + Erf(x / sqrt 2))      Div|Mul, Erf, Add, Mul, Mul (any order of the Muls)
     HardSwish  x * Clip(x + 3, 0, 6) / 6            Add, Clip, Mul, Div|Mul;  or x * HardSigmoid(x, 1/6, 1/2)
     SiLU       x * Sigmoid(x)                       Sigmoid, Mul
+    LayerNorm  (x - mean) / sqrt(var + eps) * scale + bias, over the last axes:
+               ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul[, Add]  (Paddle and PyTorch
+               exports before opset 17)
 
 Each pass over the tensor costs its whole size in memory traffic; the pattern's four or five
 become one kernel's (GELU: the fused kernel works in L2-sized blocks). The fused node is an op
@@ -177,8 +180,78 @@ def _mish(g, i):
     return [i, tanh, mul], x, g.nodes[mul].outputs[0]
 
 
+def _trailing_axes(g, node):
+    """The first of the axes a keepdims ReduceMean averages over when they are the last ones, given
+    from the end (-k .. -1: the rank is not known yet); else None."""
+    if node.op_type != "ReduceMean" or node.domain or not node.attrs.get("keepdims", 1):
+        return None
+    axes = node.attrs.get("axes")
+    if len(node.inputs) > 1 and node.inputs[1]:  # opset 18: the axes are an input
+        if node.inputs[1] not in g.weights:
+            return None
+        axes = np.asarray(weight_array(g.weights[node.inputs[1]])).reshape(-1).tolist()
+    if not axes or sorted(axes) != list(range(-len(axes), 0)):
+        return None
+    return -len(axes)
+
+
+def _weight_within(g, name, axes):
+    """Whether `name` is a float weight of at most `axes` dimensions (one that broadcasts over the
+    normalized axes only, as LayerNormalization's Scale and B do)."""
+    if name not in g.weights:
+        return False
+    value = g.weights[name]
+    return len(value.shape) <= axes and np.dtype(value.dtype).kind == "f"
+
+
+def _layer_norm(g, i):
+    """LayerNormalization from the Pow at index i, the squared deviation from the mean: returns the
+    pattern's nodes, the inputs [x, scale(, bias)], the output and the attributes."""
+    power = g.nodes[i]
+    if len(power.inputs) != 2 or not _near(_constant(power.inputs[1], g.weights), 2.0):
+        return None
+    deviation = power.inputs[0]
+    sub = g.producer.get(deviation)
+    if sub is None or g.nodes[sub].op_type != "Sub" or g.nodes[sub].domain or len(g.nodes[sub].inputs) != 2:
+        return None
+    x, mean = g.nodes[sub].inputs
+    first = g.producer.get(mean)
+    if first is None or g.only_reader(mean, "Sub") != sub or g.nodes[first].inputs[0] != x:
+        return None
+    axis = _trailing_axes(g, g.nodes[first])
+    second = g.only_reader(power.outputs[0], "ReduceMean")
+    if axis is None or second is None or _trailing_axes(g, g.nodes[second]) != axis:
+        return None
+    add = g.only_reader(g.nodes[second].outputs[0], "Add")
+    if add is None:
+        return None
+    epsilon = _constant(g.other_input(g.nodes[add], g.nodes[second].outputs[0]), g.weights)
+    root = g.only_reader(g.nodes[add].outputs[0], "Sqrt")
+    if epsilon is None or root is None:
+        return None
+    div = g.only_reader(g.nodes[root].outputs[0], "Div")
+    if div is None or g.nodes[div].inputs != [deviation, g.nodes[root].outputs[0]]:
+        return None
+    if sorted(g.readers.get(deviation, ())) != sorted((i, div)) or deviation in g.outputs:
+        return None
+    mul = g.only_reader(g.nodes[div].outputs[0], "Mul")
+    if mul is None:
+        return None
+    scale = g.other_input(g.nodes[mul], g.nodes[div].outputs[0])
+    if not _weight_within(g, scale, -axis):
+        return None
+    members, inputs, y = [first, sub, i, second, add, root, div, mul], [x, scale], g.nodes[mul].outputs[0]
+    shift = g.only_reader(y, "Add")
+    if shift is not None:
+        bias = g.other_input(g.nodes[shift], y)
+        if _weight_within(g, bias, -axis):
+            members, inputs, y = members + [shift], inputs + [bias], g.nodes[shift].outputs[0]
+    return members, inputs, y, {"axis": axis, "epsilon": epsilon}
+
+
 PATTERNS = (("Erf", _gelu, ("Gelu", {})), ("Softplus", _mish, ("Mish", {})), ("Add", _hard_swish, ("HardSwish", {})),
-            ("HardSigmoid", _hard_swish, ("HardSwish", {})), ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})))
+            ("HardSigmoid", _hard_swish, ("HardSwish", {})), ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})),
+            ("Pow", _layer_norm, ("LayerNormalization", {})))
 
 
 def fuse_patterns(nodes, weights, graph_outputs):
@@ -195,9 +268,10 @@ def fuse_patterns(nodes, weights, graph_outputs):
             found = match(g, i)
             if found is None or dropped.intersection(found[0]):
                 continue
-            members, x, y = found
+            members, x, y = found[:3]  # a match with inputs besides x gives them, and attributes
+            inputs, fused_attrs = (x, found[3]) if len(found) > 3 else ([x], attrs)
             last = nodes[max(members)]
-            replaced[max(members)] = Node(last.name, fused_op, FUSED, [x], [y], dict(attrs), last.index)
+            replaced[max(members)] = Node(last.name, fused_op, FUSED, inputs, [y], dict(fused_attrs), last.index)
             dropped.update(m for m in members if m != max(members))
             break
     return [replaced.get(i, n) for i, n in enumerate(nodes) if i not in dropped]

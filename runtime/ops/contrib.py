@@ -21,7 +21,7 @@ from .elementwise import Gelu, Unary, broadcast_shape
 from .gemm import Gemm
 from .normalization import LayerNormalization, _standardize
 from .normalization_extra import RMSNormalization, rms_rows
-from .registry import Inferred, Kernel, TensorInfo, register
+from .registry import FUSED, Inferred, Kernel, TensorInfo, register
 
 MS = "com.microsoft"
 F32 = np.dtype(np.float32)
@@ -213,6 +213,7 @@ class QuickGelu(Unary):
 
 register("LayerNormalization", 1)(LayerNormalization)
 register("LayerNormalization", 1, MS)(LayerNormalization)
+register("LayerNormalization", 1, FUSED)(LayerNormalization)  # the compiler's fuse_patterns writes it
 
 
 @register("SimplifiedLayerNormalization", since=1)

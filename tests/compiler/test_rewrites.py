@@ -209,6 +209,62 @@ def test_activations_written_op_by_op_run_as_one_kernel(what, nodes, weights, fu
     assert len(off._last.steps) > 2  # (fuse_activations may still put a Clip into its Add)
 
 
+def layer_norm_nodes(axes, opset, bias=True, epsilon="eps"):
+    """LayerNormalization as Paddle and PyTorch export it before opset 17."""
+    def mean(src, dst):
+        if opset >= 18:
+            return helper.make_node("ReduceMean", [src, "axes"], [dst])
+        return helper.make_node("ReduceMean", [src], [dst], axes=axes)
+    nodes = [mean("x", "mu"), helper.make_node("Sub", ["x", "mu"], ["d"]),
+             helper.make_node("Pow", ["d", "two"], ["sq"]), mean("sq", "var"),
+             helper.make_node("Add", ["var", epsilon], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["d", "sd"], ["n"]),
+             helper.make_node("Mul", ["n", "scale"], ["s" if bias else "y"])]
+    return nodes + ([helper.make_node("Add", ["s", "bias"], ["y"])] if bias else [])
+
+
+LAYER_NORMS = [([-1], 13, True), ([-1], 13, False), ([-2, -1], 13, True), ([-1], 18, True)]
+
+
+@pytest.mark.parametrize("axes, opset, bias", LAYER_NORMS)
+def test_layer_normalization_written_op_by_op_runs_as_one_kernel(axes, opset, bias):
+    shape = (2, 6, 40)
+    normalized = shape[len(shape) + axes[0]:]
+    weights = [scalar("two", 2.0), scalar("eps", 1e-5), ("axes", np.array(axes, np.int64)),
+               ("scale", rng(1).uniform(0.5, 1.5, normalized).astype(np.float32)),
+               ("bias", rng(2).standard_normal(normalized).astype(np.float32))]
+    nodes = layer_norm_nodes(axes, opset, bias) + [helper.make_node("Neg", ["y"], ["z"])]
+    model = make_model(nodes, [("x", np.zeros(shape, np.float32))], [("z", None)], weights, opset=opset)
+    x = (rng(7).standard_normal(shape) * 3 + 1).astype(np.float32)
+    check_model(model, {"x": x})
+    on, off = session(model), session(model, {"fuse_patterns"})
+    results = [sess.run(None, {"x": x})[0] for sess in (on, off)]
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-5)  # the fused kernel, the ops
+    assert [s.op_type for s in on._last.steps] == ["LayerNormalization", "Neg"]
+    assert len(off._last.steps) == len(nodes)
+
+
+@pytest.mark.parametrize("change", ["positive axes", "deviation read elsewhere", "epsilon fed", "not squared"])
+def test_what_only_looks_like_a_layer_normalization_is_left_alone(change):
+    shape = (2, 6, 40)
+    nodes = layer_norm_nodes([2] if change == "positive axes" else [-1], 13,
+                             epsilon="fed" if change == "epsilon fed" else "eps")
+    weights = [scalar("two", 3.0 if change == "not squared" else 2.0), scalar("eps", 1e-5),
+               ("scale", rng(1).uniform(0.5, 1.5, 40).astype(np.float32)),
+               ("bias", rng(2).standard_normal(40).astype(np.float32))]
+    inputs = [("x", np.zeros(shape, np.float32))] + ([("fed", np.zeros((), np.float32))] if change == "epsilon fed"
+                                                     else [])
+    outputs = [("y", None)] + ([("d", None)] if change == "deviation read elsewhere" else [])
+    model = make_model(nodes, inputs, outputs, weights)
+    feeds = {"x": (rng(7).standard_normal(shape) * 3).astype(np.float32)}
+    if change == "epsilon fed":
+        feeds["fed"] = np.array(1e-5, np.float32)
+    check_model(model, feeds)
+    sess = session(model)
+    sess.run(None, feeds)
+    assert "LayerNormalization" not in [s.op_type for s in sess._last.steps]
+
+
 def test_a_pattern_whose_inner_value_is_read_elsewhere_is_left_alone():
     nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
     model = make_model(nodes, [("x", np.zeros((4,), np.float32))], [("y", None), ("s", None)])
