@@ -1,6 +1,7 @@
 """Activations that exporters write out op by op, recognised and run as one kernel: `fuse_patterns`.
 
     GELU       x * 0.5 * (1 + Erf(x / sqrt 2))      Div|Mul, Erf, Add, Mul, Mul (any order of the Muls)
+               or its tanh form, x * 0.5 * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
     HardSwish  x * Clip(x + 3, 0, 6) / 6            Add, Clip, Mul, Div|Mul;  or x * HardSigmoid(x, 1/6, 1/2)
     SiLU       x * Sigmoid(x)                       Sigmoid, Mul
     LayerNorm  (x - mean) / sqrt(var + eps) * scale + bias, over the last axes:
@@ -86,8 +87,63 @@ def _gelu(g, i):
     if not ((head.op_type == "Div" and _near(_constant(head.inputs[1], g.weights), math.sqrt(2)))
             or (head.op_type == "Mul" and g.scalar_operand(head, x, 1 / math.sqrt(2)))):
         return None
-    add = g.only_reader(erf.outputs[0], "Add")
-    if add is None or not g.scalar_operand(g.nodes[add], erf.outputs[0], 1.0):
+    tail = _half_x_times_one_plus(g, erf.outputs[0], x)
+    return None if tail is None else ([first, i] + tail[0], x, tail[1])
+
+
+def _gelu_tanh(g, i):
+    """GELU's tanh form from the Tanh at index i: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))),
+    the cube a Pow(x, 3) or x * (x * x)."""
+    tanh = g.nodes[i]
+    scaled = tanh.inputs[0]
+    outer = g.producer.get(scaled)
+    if outer is None or g.only_reader(scaled, "Tanh") != i or g.nodes[outer].op_type != "Mul":
+        return None
+    inner = next((n for n in g.nodes[outer].inputs if _constant(n, g.weights) is None), None)
+    if inner is None or not g.scalar_operand(g.nodes[outer], inner, math.sqrt(2 / math.pi)):
+        return None
+    add = g.producer.get(inner)
+    if add is None or g.only_reader(inner, "Mul") != outer or g.nodes[add].op_type != "Add" \
+            or len(g.nodes[add].inputs) != 2:
+        return None
+    for x, term in (g.nodes[add].inputs, reversed(g.nodes[add].inputs)):
+        cube = _cube_term(g, term, x, add)
+        if cube is not None:
+            tail = _half_x_times_one_plus(g, tanh.outputs[0], x)
+            if tail is None:
+                return None
+            return cube + [add, outer, i] + tail[0], x, tail[1]
+    return None
+
+
+def _cube_term(g, term, x, add):
+    """The nodes of `term` = 0.044715 * x^3, read by the Add at `add` alone; else None."""
+    times = g.producer.get(term)
+    if times is None or g.only_reader(term, "Add") != add or g.nodes[times].op_type != "Mul":
+        return None
+    cubed = next((n for n in g.nodes[times].inputs if _constant(n, g.weights) is None), None)
+    if cubed is None or not g.scalar_operand(g.nodes[times], cubed, 0.044715):
+        return None
+    power = g.producer.get(cubed)
+    if power is None or g.only_reader(cubed, "Mul") != times:
+        return None
+    node = g.nodes[power]
+    if node.op_type == "Pow" and node.inputs[0] == x and _near(_constant(node.inputs[1], g.weights), 3.0):
+        return [power, times]
+    if node.op_type == "Mul" and x in node.inputs and not node.domain:  # x * (x * x)
+        square = g.other_input(node, x)
+        squared = g.producer.get(square)
+        if (squared is not None and g.only_reader(square, "Mul") == power
+                and g.nodes[squared].inputs == [x, x]):
+            return [squared, power, times]
+    return None
+
+
+def _half_x_times_one_plus(g, value, x):
+    """From `value` (erf or tanh of the scaled x): 1 + it, times x, times 0.5, in any of the
+    orders exporters write; ([the nodes], output) or None."""
+    add = g.only_reader(value, "Add")
+    if add is None or not g.scalar_operand(g.nodes[add], value, 1.0):
         return None
     one_plus = g.nodes[add].outputs[0]
     mul = g.only_reader(one_plus, "Mul")
@@ -98,17 +154,17 @@ def _gelu(g, i):
         half = g.only_reader(g.nodes[mul].outputs[0], "Mul")
         if half is None or not g.scalar_operand(g.nodes[half], g.nodes[mul].outputs[0], 0.5):
             return None
-        return [first, i, add, mul, half], x, g.nodes[half].outputs[0]
+        return [add, mul, half], g.nodes[half].outputs[0]
     if _near(_constant(other, g.weights), 0.5):  # (1 + erf) * 0.5, then * x
         times_x = g.only_reader(g.nodes[mul].outputs[0], "Mul")
         if times_x is None or g.other_input(g.nodes[times_x], g.nodes[mul].outputs[0]) != x:
             return None
-        return [first, i, add, mul, times_x], x, g.nodes[times_x].outputs[0]
+        return [add, mul, times_x], g.nodes[times_x].outputs[0]
     halved = g.producer.get(other)  # (x * 0.5) * (1 + erf)
     if (halved is None or g.only_reader(other, "Mul") is None or g.nodes[halved].op_type != "Mul"
             or not g.scalar_operand(g.nodes[halved], x, 0.5)):
         return None
-    return [first, halved, i, add, mul], x, g.nodes[mul].outputs[0]
+    return [halved, add, mul], g.nodes[mul].outputs[0]
 
 
 def _clip_bounds(g, node):
@@ -249,8 +305,12 @@ def _layer_norm(g, i):
     return members, inputs, y, {"axis": axis, "epsilon": epsilon}
 
 
-PATTERNS = (("Erf", _gelu, ("Gelu", {})), ("Softplus", _mish, ("Mish", {})), ("Add", _hard_swish, ("HardSwish", {})),
-            ("HardSigmoid", _hard_swish, ("HardSwish", {})), ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})),
+PATTERNS = (("Erf", _gelu, ("Gelu", {})),
+            ("Tanh", _gelu_tanh, ("Gelu", {"approximate": "tanh"})),
+            ("Softplus", _mish, ("Mish", {})),
+            ("Add", _hard_swish, ("HardSwish", {})),
+            ("HardSigmoid", _hard_swish, ("HardSwish", {})),
+            ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})),
             ("Pow", _layer_norm, ("LayerNormalization", {})))
 
 

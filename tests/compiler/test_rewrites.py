@@ -178,6 +178,19 @@ GELU_FORMS = {
     "halved x": ([helper.make_node("Div", ["x", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
                   helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "half"], ["h"]),
                   helper.make_node("Mul", ["h", "a"], ["y"])], [scalar("r2", np.sqrt(2))]),
+    # the tanh form (PyTorch's approximate="tanh" before opset 20, HF's gelu_new), the cube a Pow
+    "tanh, pow": ([helper.make_node("Pow", ["x", "three"], ["c"]), helper.make_node("Mul", ["c", "k"], ["m"]),
+                   helper.make_node("Add", ["x", "m"], ["a"]), helper.make_node("Mul", ["a", "s2pi"], ["s"]),
+                   helper.make_node("Tanh", ["s"], ["t"]), helper.make_node("Add", ["t", "one"], ["u"]),
+                   helper.make_node("Mul", ["x", "u"], ["v"]), helper.make_node("Mul", ["v", "half"], ["y"])],
+                  [scalar("k", 0.044715), scalar("s2pi", np.sqrt(2 / np.pi))]),
+    # ... the cube x * (x * x), operands the other way round, halved first
+    "tanh, x*x*x": ([helper.make_node("Mul", ["x", "x"], ["q"]), helper.make_node("Mul", ["x", "q"], ["c"]),
+                     helper.make_node("Mul", ["k", "c"], ["m"]), helper.make_node("Add", ["m", "x"], ["a"]),
+                     helper.make_node("Mul", ["s2pi", "a"], ["s"]), helper.make_node("Tanh", ["s"], ["t"]),
+                     helper.make_node("Add", ["one", "t"], ["u"]), helper.make_node("Mul", ["u", "half"], ["v"]),
+                     helper.make_node("Mul", ["v", "x"], ["y"])],
+                    [scalar("k", 0.044715), scalar("s2pi", np.sqrt(2 / np.pi))]),
 }
 HARD_SWISH_FORMS = {
     "add clip mul div": [helper.make_node("Add", ["x", "three"], ["a"]),
