@@ -3,6 +3,7 @@
     GELU       x * 0.5 * (1 + Erf(x / sqrt 2))      Div|Mul, Erf, Add, Mul, Mul (any order of the Muls)
                or its tanh form, x * 0.5 * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
     HardSwish  x * Clip(x + 3, 0, 6) / 6            Add, Clip, Mul, Div|Mul;  or x * HardSigmoid(x, 1/6, 1/2)
+    HardSigmoid Clip(x + 3, 0, 6) / 6, Clip(a x + b, 0, 1)   Add, Clip, Div|Mul;  Mul, Add, Clip
     SiLU       x * Sigmoid(x)                       Sigmoid, Mul
     LayerNorm  (x - mean) / sqrt(var + eps) * scale + bias, over the last axes:
                ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul[, Add]  (Paddle and PyTorch
@@ -213,6 +214,42 @@ def _hard_swish(g, i):
     return None
 
 
+def _hard_sigmoid(g, i):
+    """HardSigmoid from the Clip at index i: Clip(x + 3, 0, 6) / 6 (or * 1/6), or Clip(x * alpha +
+    beta, 0, 1); returns the nodes, x, the output and alpha and beta."""
+    clip = g.nodes[i]
+    add = g.producer.get(clip.inputs[0])
+    if add is None or g.nodes[add].op_type != "Add" or g.only_reader(clip.inputs[0], "Clip") != i:
+        return None
+    lo, hi = _clip_bounds(g, clip)
+    added = next((n for n in g.nodes[add].inputs if _constant(n, g.weights) is None), None)
+    beta = _constant(g.other_input(g.nodes[add], added), g.weights) if added is not None else None
+    if beta is None or not _near(lo, 0.0):
+        return None
+    if _near(hi, 6.0) and _near(beta, 3.0):  # relu6(x + 3) / 6
+        last = g.only_reader(clip.outputs[0], "Div")
+        if last is not None and not (g.nodes[last].inputs[0] == clip.outputs[0]
+                                     and _near(_constant(g.nodes[last].inputs[1], g.weights), 6.0)):
+            last = None
+        if last is None:
+            last = g.only_reader(clip.outputs[0], "Mul")
+            if last is not None and not g.scalar_operand(g.nodes[last], clip.outputs[0], 1 / 6):
+                return None
+        if last is None:
+            return None
+        return [add, i, last], added, g.nodes[last].outputs[0], {"alpha": 1 / 6, "beta": 0.5}
+    if not _near(hi, 1.0):  # clip(x * alpha + beta, 0, 1)
+        return None
+    scale = g.producer.get(added)
+    if scale is None or g.nodes[scale].op_type != "Mul" or g.only_reader(added, "Add") != add:
+        return None
+    x = next((n for n in g.nodes[scale].inputs if _constant(n, g.weights) is None), None)
+    alpha = _constant(g.other_input(g.nodes[scale], x), g.weights) if x is not None else None
+    if alpha is None:
+        return None
+    return [scale, add, i], x, clip.outputs[0], {"alpha": alpha, "beta": beta}
+
+
 def _silu(g, i):
     """SiLU from the Sigmoid at index i: x * Sigmoid(x)."""
     sigmoid = g.nodes[i]
@@ -310,6 +347,7 @@ PATTERNS = (("Erf", _gelu, ("Gelu", {})),
             ("Softplus", _mish, ("Mish", {})),
             ("Add", _hard_swish, ("HardSwish", {})),
             ("HardSigmoid", _hard_swish, ("HardSwish", {})),
+            ("Clip", _hard_sigmoid, ("HardSigmoid", {})),
             ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})),
             ("Pow", _layer_norm, ("LayerNormalization", {})))
 

@@ -419,6 +419,9 @@ class HardSigmoid(Activation):
         return {"alpha": self.alpha, "beta": self.beta}
 
 
+register("HardSigmoid", 1, FUSED)(HardSigmoid)
+
+
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 

@@ -199,7 +199,18 @@ HARD_SWISH_FORMS = {
     "hard sigmoid": [helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
                      helper.make_node("Mul", ["x", "h"], ["y"])],
 }
+HARD_SIGMOID_FORMS = {
+    "relu6 div": [helper.make_node("Add", ["three", "x"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+                  helper.make_node("Div", ["c", "six"], ["y"])],
+    "relu6 times a sixth": [helper.make_node("Add", ["x", "three"], ["a"]),
+                            helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+                            helper.make_node("Mul", ["sixth", "c"], ["y"])],
+    "keras": [helper.make_node("Mul", ["x", "fifth"], ["m"]), helper.make_node("Add", ["m", "half"], ["a"]),
+              helper.make_node("Clip", ["a", "zero", "one"], ["y"])],
+}
 PATTERNS = ([(f"gelu: {k}", nodes, weights, "Gelu") for k, (nodes, weights) in GELU_FORMS.items()]
+            + [(f"hardsigmoid: {k}", nodes, [scalar("sixth", 1 / 6), scalar("fifth", 0.2)], "HardSigmoid")
+               for k, nodes in HARD_SIGMOID_FORMS.items()]
             + [(f"hardswish: {k}", nodes, [], "HardSwish") for k, nodes in HARD_SWISH_FORMS.items()]
             + [("silu", [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])],
                 [], "Swish")]
