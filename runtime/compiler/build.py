@@ -225,7 +225,8 @@ def flush_denormals_pass(nodes, context):
 
 
 def fuse_patterns_pass(nodes, context):
-    return NodeList(tuple(fuse_patterns(list(nodes.nodes), nodes.weights, set(context.outputs))), nodes.weights)
+    fused = fuse_patterns(list(nodes.nodes), nodes.weights, set(context.outputs), default_opset(context.graph, ""))
+    return NodeList(tuple(fused), nodes.weights)
 
 
 def fuse_activations_pass(nodes, context):

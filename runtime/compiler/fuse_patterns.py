@@ -5,6 +5,8 @@
     HardSwish  x * Clip(x + 3, 0, 6) / 6            Add, Clip, Mul, Div|Mul;  or x * HardSigmoid(x, 1/6, 1/2)
     HardSigmoid Clip(x + 3, 0, 6) / 6, Clip(a x + b, 0, 1)   Add, Clip, Div|Mul;  Mul, Add, Clip
     SiLU       x * Sigmoid(x)                       Sigmoid, Mul
+    Attention  softmax(q @ k_t [* or / c] [+ mask]) @ v      MatMul, Div|Mul, Add, Softmax, MatMul (nnrun's
+               ScaledDotProductAttention: the scores one scratch buffer, worked in place)
     LayerNorm  (x - mean) / sqrt(var + eps) * scale + bias, over the last axes:
                ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul[, Add]  (Paddle and PyTorch
                exports before opset 17)
@@ -342,6 +344,54 @@ def _layer_norm(g, i):
     return members, inputs, y, {"axis": axis, "epsilon": epsilon}
 
 
+def _sole_producer(g, value, reader):
+    """The index of the plain node that makes `value` when the node at `reader` alone reads it."""
+    if g.readers.get(value) != [reader] or value in g.outputs:
+        return None
+    node = g.producer.get(value)
+    return node if node is not None and not g.nodes[node].domain else None
+
+
+def _attention(g, i):
+    """Attention from the Softmax at index i: softmax(q @ k_t [/ c | * c] [+ mask]) @ v, each value
+    between read by the next op alone; returns the nodes, the inputs [q, k_t, v(, mask)], the
+    output and the attributes of nnrun's ScaledDotProductAttention."""
+    softmax = g.nodes[i]
+    after = g.only_reader(softmax.outputs[0], "MatMul")
+    if after is None or g.nodes[after].inputs[0] != softmax.outputs[0] or len(g.nodes[after].inputs) != 2:
+        return None
+    members, mask = [i, after], None
+    node = _sole_producer(g, softmax.inputs[0], i)
+    if node is not None and g.nodes[node].op_type == "Add" and len(g.nodes[node].inputs) == 2:
+        add = g.nodes[node]
+        for scaled, other in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+            made_by = g.producer.get(scaled)
+            if made_by is not None and g.nodes[made_by].op_type in ("MatMul", "Div", "Mul"):
+                members.append(node)
+                mask, node = other, _sole_producer(g, scaled, node)
+                break
+        else:
+            return None
+    scale, divide = 1.0, 0
+    if node is not None and g.nodes[node].op_type in ("Div", "Mul") and len(g.nodes[node].inputs) == 2:
+        product, factor = g.nodes[node].inputs
+        if g.nodes[node].op_type == "Mul" and _constant(product, g.weights) is not None:
+            product, factor = factor, product
+        scale, divide = _constant(factor, g.weights), int(g.nodes[node].op_type == "Div")
+        if not scale:  # not a constant (or a zero)
+            return None
+        members.append(node)
+        node = _sole_producer(g, product, node)
+    if node is None or g.nodes[node].op_type != "MatMul" or len(g.nodes[node].inputs) != 2:
+        return None
+    q, k_t = g.nodes[node].inputs
+    legacy = g.opset < 13
+    attrs = {"scale": float(scale), "divide": divide, "coerce_2d": int(legacy),
+             "axis": int(softmax.attrs.get("axis", 1 if legacy else -1))}
+    return [node] + members, [q, k_t, g.nodes[after].inputs[1]] + ([mask] if mask else []), \
+        g.nodes[after].outputs[0], attrs
+
+
 PATTERNS = (("Erf", _gelu, ("Gelu", {})),
             ("Tanh", _gelu_tanh, ("Gelu", {"approximate": "tanh"})),
             ("Softplus", _mish, ("Mish", {})),
@@ -349,13 +399,16 @@ PATTERNS = (("Erf", _gelu, ("Gelu", {})),
             ("HardSigmoid", _hard_swish, ("HardSwish", {})),
             ("Clip", _hard_sigmoid, ("HardSigmoid", {})),
             ("Sigmoid", _silu, ("Swish", {"alpha": 1.0})),
-            ("Pow", _layer_norm, ("LayerNormalization", {})))
+            ("Pow", _layer_norm, ("LayerNormalization", {})),
+            ("Softmax", _attention, ("ScaledDotProductAttention", {})))
 
 
-def fuse_patterns(nodes, weights, graph_outputs):
+def fuse_patterns(nodes, weights, graph_outputs, opset=21):
     """The node list with each recognised pattern replaced by its fused node, at the place of the
-    pattern's last node (its inputs are all produced before any node of the pattern)."""
+    pattern's last node (its inputs are all produced before any node of the pattern); `opset`, the
+    graph's default-domain one, decides what a Softmax without an axis means."""
     g = _Graph(nodes, weights, graph_outputs)
+    g.opset = opset
     replaced, dropped = {}, set()
     for i, node in enumerate(nodes):
         if node.domain or i in dropped:

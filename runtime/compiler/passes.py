@@ -34,8 +34,8 @@ PASSES = tuple(Pass(*p) for p in (
     ("fold_batchnorm", True, "Conv then BatchNormalization with constant parameters becomes one Conv"),
     ("flush_denormals", True, "subnormal values in float weights become zero (each costs a ~100x slower "
                               "multiply on x86); scanned by sample, copied only when found"),
-    ("fuse_patterns", True, "GELU (erf and tanh forms), HardSwish, HardSigmoid, SiLU, Mish and LayerNormalization "
-                            "written out op by op become one kernel each (off: each op runs)"),
+    ("fuse_patterns", True, "GELU (erf and tanh forms), HardSwish, HardSigmoid, SiLU, Mish, LayerNormalization "
+                            "and attention written out op by op become one kernel each (off: each op runs)"),
     ("fuse_activations", True, "an activation after Conv, Gemm, MatMul or Add runs inside it"),
     ("infer_shapes", False, "each node's shape rule on concrete shapes; a shape known only per run "
                             "makes an eager step"),

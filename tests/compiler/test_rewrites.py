@@ -289,6 +289,62 @@ def test_what_only_looks_like_a_layer_normalization_is_left_alone(change):
     assert "LayerNormalization" not in [s.op_type for s in sess._last.steps]
 
 
+ATTENTIONS = {
+    # BERT as PyTorch exports it: scores divided by sqrt(head size), softmax over the last axis
+    "div": (17, [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Div", ["s", "root"], ["d"]),
+                 helper.make_node("Softmax", ["d"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])],
+            False, (1, 2, 5, 4)),
+    # scaled by a Mul, an additive mask fed beside, the softmax's axis left to its default
+    "mul and mask": (17, [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+                          helper.make_node("Mul", ["eighth", "s"], ["d"]),
+                          helper.make_node("Add", ["mask", "d"], ["a"]), helper.make_node("Softmax", ["a"], ["p"]),
+                          helper.make_node("MatMul", ["p", "v"], ["y"])], True, (1, 1, 5, 5)),
+    # Paddle before opset 13: no scale (it is on q), softmax over axis 3 of 4
+    "opset 11": (11, [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=3),
+                      helper.make_node("MatMul", ["p", "v"], ["y"])], False, None),
+    # before opset 13 a softmax over axis 1 runs over every axis from 1 on
+    "opset 11, axis 1": (11, [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+                              helper.make_node("Softmax", ["s"], ["p"], axis=1),
+                              helper.make_node("MatMul", ["p", "v"], ["y"])], False, None),
+    # a mask that widens the scores (a batch of three masks for one query)
+    "widening mask": (17, [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+                           helper.make_node("Add", ["s", "mask"], ["a"]),
+                           helper.make_node("Softmax", ["a"], ["p"], axis=-1),
+                           helper.make_node("MatMul", ["p", "v"], ["y"])], True, (3, 1, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("form", list(ATTENTIONS))
+def test_attention_written_op_by_op_runs_as_one_kernel(form):
+    opset, nodes, masked, mask_shape = ATTENTIONS[form]
+    q, kt, v = (rng(1).standard_normal((1, 2, 5, 4)), rng(2).standard_normal((1, 2, 4, 5)),
+                rng(3).standard_normal((1, 2, 5, 4)))
+    feeds = {"q": q.astype(np.float32), "kt": kt.astype(np.float32), "v": v.astype(np.float32)}
+    if masked:
+        feeds["mask"] = np.where(rng(4).random(mask_shape) < 0.3, -1e4, 0).astype(np.float32)
+    model = make_model(nodes + [helper.make_node("Neg", ["y"], ["z"])],
+                       [(n, np.zeros_like(a)) for n, a in feeds.items()], [("z", None)],
+                       [scalar("root", 2.0), scalar("eighth", 0.125)], opset=opset)
+    check_model(model, feeds)
+    on, off = session(model), session(model, {"fuse_patterns"})
+    results = [sess.run(None, feeds)[0] for sess in (on, off)]
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-6)  # the fused kernel, the ops
+    assert [s.op_type for s in on._last.steps] == ["ScaledDotProductAttention", "Neg"]
+    assert len(off._last.steps) == len(nodes) + 1
+
+
+def test_attention_whose_scores_are_read_elsewhere_is_left_alone():
+    nodes = ATTENTIONS["div"][1]
+    feeds = {n: rng(k).standard_normal(shape).astype(np.float32)
+             for k, (n, shape) in enumerate((("q", (2, 5, 4)), ("kt", (2, 4, 5)), ("v", (2, 5, 4))))}
+    model = make_model(nodes, [(n, np.zeros_like(a)) for n, a in feeds.items()], [("y", None), ("d", None)],
+                       [scalar("root", 2.0)])
+    check_model(model, feeds)
+    sess = session(model)
+    sess.run(None, feeds)
+    assert "ScaledDotProductAttention" not in [s.op_type for s in sess._last.steps]
+
+
 def test_a_pattern_whose_inner_value_is_read_elsewhere_is_left_alone():
     nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
     model = make_model(nodes, [("x", np.zeros((4,), np.float32))], [("y", None), ("s", None)])
