@@ -63,7 +63,7 @@ def build_parser():
                    "(default: BLAS's own count, one per physical core for the pool)")
     p.add_argument("--no-mem-poll", action="store_true", help="do not sample RSS during phases")
     p.add_argument("--jit", action="store_true", help="depthwise convolutions compiled by numba (needs "
-                   "nnrun[jit]; ~0.3 s and ~60 MB once per process)")
+                   "nnrun[jit]; ~0.35 s and ~115 MB once per process)")
     for switch in ("fold-constants", "fold-batchnorm", "fuse-activations", "memory-aware-order",
                    "release-weights"):
         p.add_argument(f"--no-{switch}", action="store_true", help=f"turn off {switch.replace('-', ' ')}")

@@ -6,8 +6,8 @@ machine's speed, depthwise convolution (many short passes per tap: see _jit_dept
 
 They are opt-in, per session (`SessionOptions.compiled_kernels = True`, `nnrun --jit`) or per
 process (`NNRUN_JIT=1`), because numba costs what nnrun exists to save: loading it and the kernel
-takes ~0.3 s and ~60 MB of RSS (~25 MB of it anonymous) once per process, more than a whole
-MobileNet run holds. Plans that do not ask, or a process without numba, take the numpy paths,
+takes ~0.35 s and ~115 MB of RSS (~45 MB of it anonymous) once per process, more than a whole
+ResNet-50 run holds. Plans that do not ask, or a process without numba, take the numpy paths,
 which compute the same sums.
 
 A kernel is compiled (or loaded from numba's on-disk cache) when the first plan that uses it is
