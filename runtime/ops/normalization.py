@@ -7,6 +7,7 @@ instance normalization standardize rows of a (rows, reduced size) view in the
 output buffer, in the stash type (float32 for half inputs).
 """
 
+import functools
 import math
 
 import numpy as np
@@ -32,9 +33,25 @@ def _standardize(rows, epsilon, dtype, out=None):
     (standardized, mean, inverse standard deviation), the last two as (rows, 1).
     """
     work = out if out is not None and out.dtype == dtype else np.empty(rows.shape, dtype)
-    mean = np.mean(rows, axis=1, keepdims=True, dtype=dtype)
+    if rows.dtype == dtype and dtype in _BLAS_TYPES and rows.shape[1]:
+        # The row sums as a matrix-vector product with ones: BLAS's, several times faster than
+        # numpy's reduction along rows (BERT's 128 x 256: 2.3 against 16 us).
+        mean = np.dot(rows, _ones(rows.shape[1], dtype))[:, None]
+        mean /= rows.shape[1]
+    else:
+        mean = np.mean(rows, axis=1, keepdims=True, dtype=dtype)
     np.subtract(rows, mean, out=work)
     return work, mean, divide_by_rms(work, epsilon)
+
+
+_BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@functools.lru_cache(maxsize=64)
+def _ones(n, dtype):
+    ones = np.ones(n, dtype)
+    ones.flags.writeable = False
+    return ones
 
 
 def divide_by_rms(work, epsilon):
