@@ -113,7 +113,7 @@ class SessionOptions:
         # when the session is made.
         self.max_tensor_bytes = None
         self.release_weights = True  # madvise away the mapped pages of packed weights
-        # Depthwise convolutions compiled by numba (`pip install 'nnrun[jit]'`): 2-8x faster, for
+        # Depthwise convolutions compiled by numba (`pip install 'nnrun[jit]'`): 2-5x faster, for
         # ~0.35 s and ~115 MB of RSS once per process (nnrun/ops/jit.py). None: as the environment
         # variable NNRUN_JIT says (off unless 1).
         self.compiled_kernels = None

@@ -19,11 +19,11 @@ _OPTIONS = contextvars.ContextVar("nnrun_run_options", default=None)
 @contextlib.contextmanager
 def watching(run_options):
     """Make `run_options` the current run's (None: a run that cannot be terminated)."""
-    token = _OPTIONS.set(run_options if hasattr(run_options, "terminate") else None)
+    token = enter(run_options)
     try:
         yield
     finally:
-        _OPTIONS.reset(token)
+        leave(token)
 
 
 def enter(run_options):

@@ -205,15 +205,18 @@ def _hard_swish(g, i):
     mul = g.only_reader(relu6, "Mul")
     if mul is None or g.other_input(g.nodes[mul], relu6) != x:
         return None
-    product = g.nodes[mul].outputs[0]
-    last = g.only_reader(product, "Div")
-    if last is not None and g.nodes[last].inputs[0] == product and _near(_constant(g.nodes[last].inputs[1],
-                                                                                    g.weights), 6.0):
-        return [i, clip, mul, last], x, g.nodes[last].outputs[0]
-    last = g.only_reader(product, "Mul")
-    if last is not None and g.scalar_operand(g.nodes[last], product, 1 / 6):
-        return [i, clip, mul, last], x, g.nodes[last].outputs[0]
-    return None
+    last = _a_sixth_of(g, g.nodes[mul].outputs[0])
+    return None if last is None else ([i, clip, mul, last], x, g.nodes[last].outputs[0])
+
+
+def _a_sixth_of(g, value):
+    """The node that alone reads `value` and divides it by 6, or multiplies it by 1/6; else None."""
+    div = g.only_reader(value, "Div")
+    if div is not None and g.nodes[div].inputs[0] == value \
+            and _near(_constant(g.nodes[div].inputs[1], g.weights), 6.0):
+        return div
+    mul = g.only_reader(value, "Mul")
+    return mul if mul is not None and g.scalar_operand(g.nodes[mul], value, 1 / 6) else None
 
 
 def _hard_sigmoid(g, i):
@@ -229,14 +232,7 @@ def _hard_sigmoid(g, i):
     if beta is None or not _near(lo, 0.0):
         return None
     if _near(hi, 6.0) and _near(beta, 3.0):  # relu6(x + 3) / 6
-        last = g.only_reader(clip.outputs[0], "Div")
-        if last is not None and not (g.nodes[last].inputs[0] == clip.outputs[0]
-                                     and _near(_constant(g.nodes[last].inputs[1], g.weights), 6.0)):
-            last = None
-        if last is None:
-            last = g.only_reader(clip.outputs[0], "Mul")
-            if last is not None and not g.scalar_operand(g.nodes[last], clip.outputs[0], 1 / 6):
-                return None
+        last = _a_sixth_of(g, clip.outputs[0])
         if last is None:
             return None
         return [add, i, last], added, g.nodes[last].outputs[0], {"alpha": 1 / 6, "beta": 0.5}

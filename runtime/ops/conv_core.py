@@ -442,9 +442,8 @@ def _gather_index(window, channels):
         inside = inside & (at >= 0) & (at < window.in_spatial[d])
         flat = flat * window.in_spatial[d] + at
     plane = math.prod(window.in_spatial)
-    index = np.where(inside, flat, -1)[None] + (np.arange(channels, dtype=np.intp) * plane).reshape(
-        (channels,) + (1,) * (2 * rank))
-    return np.where(np.broadcast_to(inside, index.shape), index, channels * plane).astype(np.intp).reshape(-1)
+    starts = (np.arange(channels, dtype=np.intp) * plane).reshape((channels,) + (1,) * (2 * rank))
+    return np.where(inside, flat + starts, channels * plane).astype(np.intp).reshape(-1)
 
 
 def _window_columns(x_g, cols, how, spare):

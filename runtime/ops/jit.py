@@ -45,10 +45,6 @@ def chosen(on):
         _CHOICE.reset(token)
 
 
-def disabled():
-    return chosen(False)
-
-
 def wanted():
     """Whether plans made now ask for compiled kernels (not whether numba is there)."""
     choice = _CHOICE.get()

@@ -33,14 +33,27 @@ def softmax_view(shape, axis, coerce_2d):
     return view, (outer, 1) + view[2:]
 
 
-def softmax_into(x, y, total):
+def softmax_into(x, y, total, ones=None):
     """y = softmax of x (views from `softmax_view`) along axis 1; `total` of the reduced shape.
-    y may be x."""
+    y may be x. `ones`: for a 2-D view of float32/64, a vector of ones as long as its rows, with
+    which BLAS sums them (several times faster than numpy's reduction along short rows)."""
     np.maximum.reduce(x, axis=1, keepdims=True, out=total)
     np.subtract(x, total, out=y)
     np.exp(y, out=y)
-    np.add.reduce(y, axis=1, keepdims=True, out=total)
+    _sum_rows(y, total, ones)
     np.divide(y, total, out=y)
+
+
+def sum_ones(view, dtype):
+    """The `ones` of `softmax_into` for a view of `dtype`, or None where BLAS does not serve."""
+    return np.ones(view[1], dtype) if len(view) == 2 and dtype in (np.float32, np.float64) else None
+
+
+def _sum_rows(y, total, ones):
+    if ones is not None:
+        np.dot(y, ones, out=total.reshape(-1))
+    else:
+        np.add.reduce(y, axis=1, keepdims=True, out=total)
 
 
 class SoftmaxFamily(Kernel):
@@ -53,11 +66,7 @@ class SoftmaxFamily(Kernel):
         return Inferred([TensorInfo(tuple(x.shape), x.dtype)], reduced=reduced, view=view)
 
     def prepare(self, x):
-        # Sums along the last axis as a BLAS matrix-vector product with ones: several times
-        # faster than numpy's reduction along short contiguous rows.
-        self.ones = None
-        if len(self.view) == 2 and x.dtype in (np.float32, np.float64):
-            self.ones = np.ones(self.view[1], x.dtype)
+        self.ones = sum_ones(self.view, x.dtype)
         return [(self.reduced, x.dtype)] * self.n_scratch
 
     def run(self, x, *, outs, scratch):
@@ -65,21 +74,11 @@ class SoftmaxFamily(Kernel):
             return
         self.compute(x.reshape(self.view), outs[0].reshape(self.view), scratch)
 
-    def sum(self, y, total):
-        if self.ones is not None:
-            np.dot(y, self.ones, out=total.reshape(-1))
-        else:
-            np.add.reduce(y, axis=1, keepdims=True, out=total)
 
 
 class Softmax(SoftmaxFamily):
     def compute(self, x, y, scratch):
-        (total,) = scratch
-        np.maximum.reduce(x, axis=1, keepdims=True, out=total)
-        np.subtract(x, total, out=y)
-        np.exp(y, out=y)
-        self.sum(y, total)
-        np.divide(y, total, out=y)
+        softmax_into(x, y, scratch[0], self.ones)
 
 
 class LogSoftmax(SoftmaxFamily):
@@ -91,7 +90,7 @@ class LogSoftmax(SoftmaxFamily):
         np.maximum.reduce(x, axis=1, keepdims=True, out=peak)
         np.subtract(x, peak, out=y)
         np.exp(y, out=y)
-        self.sum(y, total)
+        _sum_rows(y, total, self.ones)
         np.log(total, out=total)
         np.add(total, peak, out=total)
         np.subtract(x, total, out=y)
@@ -144,6 +143,7 @@ class ScaledDotProductAttention(Kernel):
         return Inferred([TensorInfo(out, dtype)], scores=scores, full=full, view=view, reduced=reduced)
 
     def prepare(self, q, k_t, v, mask=None):
+        self.ones = sum_ones(self.view, q.dtype)
         separate = [(self.scores, q.dtype)] if self.full != self.scores else []  # a mask that widens them
         return [(self.full, q.dtype), (self.reduced, q.dtype)] + separate
 
@@ -159,7 +159,7 @@ class ScaledDotProductAttention(Kernel):
             np.add(scores, mask, out=full)
         if full.size:
             view = full.reshape(self.view)
-            softmax_into(view, view, scratch[1])
+            softmax_into(view, view, scratch[1], self.ones)
         np.matmul(full, v, out=outs[0])
 
 

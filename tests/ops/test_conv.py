@@ -98,7 +98,7 @@ def _depthwise_plan(c, size, kernel=3):
 
 
 def test_each_depthwise_path_is_chosen_where_it_serves():
-    with jit.disabled():
+    with jit.chosen(False):
         assert _depthwise_plan(16, 14).gemm  # the cases above: a batched GEMM
         assert isinstance(_depthwise_plan(96, 5), conv_core.TransposedDepthwise)  # short rows, many channels
         assert not _depthwise_plan(32, 112).gemm  # large images: tap by tap over the planes
