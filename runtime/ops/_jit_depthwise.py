@@ -4,9 +4,9 @@ summed over the taps in one loop per group of taps instead of two numpy passes p
 numpy runs a depthwise tap as a multiply into scratch and an add into the accumulator, each a
 pass over the output at memory speed (3-8 GFLOP/s here). This kernel fills one channel's phase
 planes, then adds up to nine shifted rows per pass with the channel's weights held in registers
-(LLVM vectorises the loop over the flat plane), and writes the bias and a clamp or HardSwish with
-the copy into the output. It releases the GIL, so the kernels' pool runs channel ranges of one
-convolution on several threads.
+(LLVM vectorises the loop over the flat plane), and writes the bias and the activation
+(_jit_activation.activate) with the copy into the output. It releases the GIL, so the kernels'
+pool runs channel ranges of one convolution on several threads.
 
 Imported only through `jit.py`, which checks that numba is there and compiles this once per
 process (`cache=True`: later processes load the machine code from numba's cache); its leading
@@ -15,12 +15,12 @@ underscore keeps `ops.load_all`, which imports every op family, from importing i
 
 from numba import njit
 
-from .jit import HARD_SWISH
+from ._jit_activation import activate
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
 def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, plane_size, q_stride,
-              multiplier, mode, lo, hi, o0, o1):
+              multiplier, mode, p0, p1, o0, o1):
     """out[o0:o1] of one image. x (C, H, W); w2 (taps, C*M); out (C*M, OH, OW); `planes` and `acc`:
     scratch of phases * plane_size and (OH - 1) * q_stride + OW elements.
 
@@ -28,11 +28,13 @@ def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, 
     and columns [dh0, dh1) x [dw0, dw1) it takes from input rows sh0 + r*shs and columns
     sw0 + m*sws (the rest stays zero: the padding); `offsets` (taps,): each tap's flat start in
     the planes. The sum for output row r is at [r*q_stride, r*q_stride + OW) of the accumulator.
+    `mode`, `p0`, `p1`: the activation (jit.activation_mode).
     """
     rows, width = out.shape[1], out.shape[2]
     for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
         planes[k] = 0
     zero = x.dtype.type(0)
+    one = x.dtype.type(1)
     filled = -1
     for oc in range(o0, o1):
         c = oc // multiplier
@@ -45,7 +47,7 @@ def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, 
             dst = out[oc, r]
             src = acc[r * q_stride:r * q_stride + width]
             for m in range(width):
-                dst[m] = _activate(src[m] + b, mode, lo, hi)
+                dst[m] = activate(src[m] + b, mode, p0, p1, zero, one)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
@@ -167,19 +169,3 @@ def _sum_taps(planes, w, offsets, acc):
             for k in range(n):
                 acc[k] += p0[k] * w0
         t += 1
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _activate(v, mode, lo, hi):
-    if mode == HARD_SWISH:
-        f = v * (1.0 / 6.0) + 0.5
-        if f < 0:
-            f = 0
-        if f > 1:
-            f = 1
-        return v * f
-    if v < lo:  # NaN stays NaN, as numpy's clip and maximum keep it
-        v = lo
-    if v > hi:
-        v = hi
-    return v

@@ -40,7 +40,7 @@ ones, which is what these layouts are for.
 import contextlib
 import contextvars
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -330,6 +330,8 @@ class ConvPlan:
     scratch_elems: int
     dtype: np.dtype
     windows: object = None  # "gemm-windows": its WindowCopy
+    # The compiled bias and activation (jit.epilogue_kernel) when compiled kernels are on, else None
+    epilogue: object = field(default=None, compare=False)
 
     def scratch(self):
         """The scratch request of PREPARE: [(shape, dtype)] (empty when none is needed)."""
@@ -338,6 +340,13 @@ class ConvPlan:
 
 def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FIRST, scratch_limit=None):
     """Choose the path of a convolution and tile it; raises ValueError on inconsistent channels."""
+    plan = _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit)
+    # A compiled depthwise convolution writes its own bias and activation.
+    epilogue = jit.epilogue_kernel(dtype) if not isinstance(plan.tiles, CompiledDepthwise) else None
+    return plan if epilogue is None else replace(plan, epilogue=epilogue)
+
+
+def _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit):
     scratch_limit = _SCRATCH_LIMIT.get() if scratch_limit is None else scratch_limit
     _check_layout(layout)
     dtype = np.dtype(dtype)
@@ -492,7 +501,7 @@ def _conv_windows(x, w, bias, out, plan, scratch, activation):
         for g in range(group):
             _window_columns(x[n, g * c_in_g:(g + 1) * c_in_g], cols, plan.windows, scratch[size:])
             np.matmul(w_mat[g * c_out_g:(g + 1) * c_out_g], matrix, out=out_mat[g * c_out_g:(g + 1) * c_out_g])
-    _bias_activation(out, bias, activation, CHANNELS_FIRST)
+    _bias_activation(out, bias, activation, CHANNELS_FIRST, epilogue=plan.epilogue)
     return out
 
 
@@ -543,7 +552,7 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
         return depthwise_conv(x, _taps_view(w, plan), bias, out, plan, scratch, activation)
     if plan.method == "pointwise":
         _pointwise(x, w, out, plan)
-        _bias_activation(out, bias, activation, plan.layout)
+        _bias_activation(out, bias, activation, plan.layout, epilogue=plan.epilogue)
         return out
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
@@ -583,7 +592,7 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
                               out=out_mat[r0 * rest:r1 * rest, g * c_out_g:(g + 1) * c_out_g])
     # Bias and activation over the whole output: measured as fast as tile by tile while the
     # tile is in cache (VGG-16: 8.4 against 13.3 ms), and large enough to split across threads.
-    _bias_activation(out, bias, activation, layout)
+    _bias_activation(out, bias, activation, layout, epilogue=plan.epilogue)
     return out
 
 
@@ -619,7 +628,7 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
                 rows = slice(r0 * rest, r1 * rest)
                 _product(w_block, cols, out_mat[:, rows] if layout == CHANNELS_FIRST else out_mat[rows], layout)
         blocks.leave(k)
-    _bias_activation(out, bias, activation, layout)
+    _bias_activation(out, bias, activation, layout, epilogue=plan.epilogue)
     return out
 
 
@@ -664,10 +673,13 @@ def _pointwise(x, w, out, plan):
         np.matmul(x.reshape(-1, plan.c_in), w_mat.T, out=out.reshape(-1, plan.c_out))
 
 
-def _bias_activation(out, bias, activation, layout, batched=True):
+def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None):
     """out += bias (per channel), then the activation, in place; a large output in channel shares
-    (channels first) or row shares (last) on the run's threads."""
+    (channels first) or row shares (last) on the run's threads. `epilogue`: the plan's compiled
+    kernel (jit.epilogue_kernel), which does both in one pass where it serves."""
     if bias is None and activation is None:
+        return
+    if epilogue is not None and _compiled_epilogue(epilogue, out, bias, activation, layout, batched):
         return
     axis = -1  # channels last and not contiguous: no shares
     if layout == CHANNELS_FIRST:
@@ -683,6 +695,36 @@ def _bias_activation(out, bias, activation, layout, batched=True):
     parallel.over_axis(out.shape[axis], out.size, lambda start, end: _add_activate(
         out[lead + (slice(start, end),)], bias[start:end] if bias is not None and layout == CHANNELS_FIRST else bias,
         activation))
+
+
+# A compiled bias and activation is split into row ranges on the run's threads from this many
+# elements a share (a pass over 512K elements takes ~60 us at one thread).
+EPILOGUE_SHARE = 1 << 19
+
+
+def _compiled_epilogue(kernel, out, bias, activation, layout, batched):
+    """The bias and activation by the compiled kernel; False (nothing done) where it does not
+    serve: an activation it lacks (Sigmoid, Tanh) or an output that is not contiguous."""
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
+    if after is not None or not out.flags.c_contiguous:
+        return False
+    if out.size == 0:
+        return True
+    if layout == CHANNELS_FIRST:  # rows of (image, channel)
+        rows = out.reshape(out.shape[0] * out.shape[1] if batched else out.shape[0], -1)
+    else:  # rows of pixels
+        rows = out.reshape(-1, out.shape[-1])
+    has_bias = bias is not None
+    # numba compiles a kernel per layout: the bias as the one compiled (and any array when none)
+    bias = np.ascontiguousarray(bias) if has_bias else rows[0]
+    per_row = layout == CHANNELS_FIRST
+    shares = parallel.ranges(rows.shape[0], max(1, min(parallel.current().threads, out.size // EPILOGUE_SHARE)))
+    if len(shares) == 1:
+        kernel(rows, bias, has_bias, per_row, mode, p0, p1, 0, rows.shape[0])
+    else:
+        parallel.current().run(lambda i: kernel(rows, bias, has_bias, per_row, mode, p0, p1, *shares[i]),
+                               len(shares))
+    return True
 
 
 def _add_activate(out, bias, activation):
@@ -985,7 +1027,7 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
         return _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation)
     c, multiplier = plan.c_in, plan.c_out // plan.c_in
     for n in range(out.shape[0]):
-        _depthwise_rows(x[n], w_taps, bias, out[n], plan.tiles, scratch, activation, c, multiplier)
+        _depthwise_rows(x[n], w_taps, bias, out[n], plan, scratch, activation, c, multiplier)
     return out
 
 
@@ -1002,7 +1044,7 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
     how = plan.tiles
     per_share = how.planes_elems + how.acc_elems
     w2 = w_taps.reshape(-1, plan.c_out)  # (taps, C*M): a view of the tap-major weight
-    mode, lo, hi, after = _compiled_activation(activation, out.dtype)
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
     has_bias = bias is not None
     bias = bias if has_bias else w2[0]  # any array of the dtype: the kernel does not read it
     multiplier = plan.c_out // plan.c_in
@@ -1017,8 +1059,8 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
         def share(i):
             own = scratch if i == 0 else np.empty(per_share, out.dtype)
             how.kernel(x_n, w2, bias, has_bias, out_n, own[:how.planes_elems], own[how.planes_elems:per_share],
-                       how.fills, how.offsets, how.plane_w, how.plane_size, how.q_stride, multiplier, mode, lo,
-                       hi, *shares[i])
+                       how.fills, how.offsets, how.plane_w, how.plane_size, how.q_stride, multiplier, mode, p0,
+                       p1, *shares[i])
         if len(shares) == 1:
             share(0)
         else:
@@ -1028,30 +1070,11 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
     return out
 
 
-def _compiled_activation(activation, dtype):
-    """(mode, lo, hi, what is left to apply after) for the compiled kernel: ReLU and Clip as a clamp,
-    HardSwish as such; any other activation runs after, over the output."""
-    t = np.dtype(dtype).type
-    clamp = (jit.CLAMP, t(-np.inf), t(np.inf), None)
-    if activation is None:
-        return clamp
-    kind, params = activation
-    if kind == "Relu":
-        return jit.CLAMP, t(0), t(np.inf), None
-    if kind == "Clip":
-        low, high = params.get("min"), params.get("max")
-        return (jit.CLAMP, t(-np.inf if low is None else low), t(np.inf if high is None else high),
-                None)
-    if kind == "HardSwish":
-        return jit.HARD_SWISH, t(-np.inf), t(np.inf), None
-    return clamp[:3] + (activation,)
-
-
-def _depthwise_rows(x, w_taps, bias, out, tiles, scratch, activation, c, multiplier):
+def _depthwise_rows(x, w_taps, bias, out, plan, scratch, activation, c, multiplier):
     """One channels-last image: out (*out_spatial, C*M) from x (*in_spatial, C), tile by tile."""
     x = x.reshape(*x.shape[:-1], c, 1)
     out_cm = out.reshape(*out.shape[:-1], c, multiplier)
-    for tile in tiles:
+    for tile in plan.tiles:
         r0, r1 = tile.rows
         out_t = out_cm[r0:r1]
         if tile.first is not None:
@@ -1064,7 +1087,7 @@ def _depthwise_rows(x, w_taps, bias, out, tiles, scratch, activation, c, multipl
             part = tmp[dst]
             np.multiply(x[src], w_taps[tap], out=part)
             np.add(out_t[dst], part, out=out_t[dst])
-        _bias_activation(out[r0:r1], bias, activation, CHANNELS_LAST, batched=False)
+        _bias_activation(out[r0:r1], bias, activation, CHANNELS_LAST, batched=False, epilogue=plan.epilogue)
 
 
 def _tap_rows(window, tap, r0, r1):
@@ -1103,7 +1126,7 @@ def _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation):
                     np.multiply(window_of_tap, taps[tap], out=tmp)
                     np.add(acc_t, tmp, out=acc_t)
         result = acc.reshape(*window.out_spatial, plan.c_out)
-        _bias_activation(result, bias, activation, CHANNELS_LAST, batched=False)
+        _bias_activation(result, bias, activation, CHANNELS_LAST, batched=False, epilogue=plan.epilogue)
         np.copyto(out[n], result.transpose(channels_first))
     return out
 
@@ -1136,7 +1159,8 @@ def _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation):
             else:
                 np.copyto(out_n[c0:c1], result)
             if activation is not None:
-                _bias_activation(out[n, c0 * multiplier:c1 * multiplier], None, activation, plan.layout)
+                _bias_activation(out[n, c0 * multiplier:c1 * multiplier], None, activation, plan.layout,
+                                 epilogue=plan.epilogue)
     return out
 
 

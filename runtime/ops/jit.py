@@ -1,8 +1,10 @@
 """Kernels compiled by numba (`pip install 'nnrun[jit]'`), for plans that ask for them: the one
 place that decides whether they are used.
 
-numpy and BLAS are nnrun's kernel language; numba serves the one kernel numpy runs far below the
-machine's speed, depthwise convolution (many short passes per tap: see _jit_depthwise.py).
+numpy and BLAS are nnrun's kernel language; numba serves what numpy runs far below the machine's
+speed because it takes many short passes where one would do: depthwise convolution (two passes
+per tap: _jit_depthwise.py) and a convolution's bias and activation (HardSwish is five passes
+over the output: _jit_activation.py).
 
 They are opt-in, per session (`SessionOptions.compiled_kernels = True`, `nnrun --jit`) or per
 process (`NNRUN_JIT=1`), because numba costs what nnrun exists to save: loading it and the kernel
@@ -23,15 +25,45 @@ import warnings
 
 import numpy as np
 
-# `mode` of the compiled depthwise kernel's fused activation: a clamp to [lo, hi] (ReLU, Clip;
-# +-inf when unbounded), or HardSwish.
+# `mode` of a compiled kernel's activation (_jit_activation.activate), with its two parameters:
+# CLAMP to [p0, p1] (ReLU, Clip), LEAKY (slope p0 below zero), HARD_SIGMOID clip(p0 * v + p1, 0, 1),
+# HARD_SWISH v * that. Each computes what activation.py's numpy formula does, in the same order.
 CLAMP = 0
-HARD_SWISH = 1
+LEAKY = 1
+HARD_SIGMOID = 2
+HARD_SWISH = 3
+
+
+def activation_mode(activation, dtype):
+    """(mode, p0, p1, what is left to apply after, or None) of a fused activation
+    (activation.apply_activation's (op type, params), or None) for a compiled kernel."""
+    t = np.dtype(dtype).type
+    if activation is None:
+        return CLAMP, t(-np.inf), t(np.inf), None
+    kind, params = activation
+    if kind == "Relu":
+        return CLAMP, t(0), t(np.inf), None
+    if kind == "Clip":
+        # A bound left out is the type's lowest or max, as activation.clip has it (which
+        # onnxruntime's clamp of +-inf agrees with).
+        limits = np.finfo(dtype)
+        low, high = params.get("min"), params.get("max")
+        return CLAMP, t(limits.min if low is None else low), t(limits.max if high is None else high), None
+    if kind == "LeakyRelu":
+        alpha = params.get("alpha")
+        return LEAKY, t(0.01 if alpha is None else alpha), t(0), None
+    if kind in ("HardSigmoid", "HardSwish"):
+        alpha, beta = params.get("alpha"), params.get("beta")
+        if kind == "HardSwish":
+            alpha, beta = 1 / 6, 0.5
+        return ((HARD_SWISH if kind == "HardSwish" else HARD_SIGMOID), t(0.2 if alpha is None else alpha),
+                t(0.5 if beta is None else beta), None)
+    return CLAMP, t(-np.inf), t(np.inf), activation
+
 
 _CHOICE = contextvars.ContextVar("nnrun_jit", default=None)
 _lock = threading.Lock()
-_kernels = {}  # dtype -> the compiled depthwise kernel, or None when it cannot be had
-_module = None
+_kernels = {}  # (kernel name, dtype) -> the compiled kernel, or None when it cannot be had
 _failed = None  # why numba cannot be used in this process, once found
 
 
@@ -54,43 +86,75 @@ def wanted():
 
 
 def depthwise_kernel(dtype):
-    """The compiled depthwise kernel for `dtype` (float32 or float64), compiled now if need be;
-    None when compiled kernels are off or unavailable."""
+    """The compiled depthwise convolution (_jit_depthwise.depthwise) for `dtype` (float32 or
+    float64), compiled now if need be; None when compiled kernels are off or unavailable."""
+    return _kernel("depthwise", dtype)
+
+
+def epilogue_kernel(dtype):
+    """The compiled bias and activation (_jit_activation.bias_activation) for `dtype`, as
+    depthwise_kernel."""
+    return _kernel("epilogue", dtype)
+
+
+def _kernel(name, dtype):
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64) or not wanted():
         return None
     with _lock:
-        if dtype not in _kernels:
-            _kernels[dtype] = _compile_depthwise(dtype)
-        return _kernels[dtype]
+        if (name, dtype) not in _kernels:
+            _kernels[name, dtype] = _compile(name, dtype)
+        return _kernels[name, dtype]
 
 
-def _compile_depthwise(dtype):
-    global _module, _failed
+def _compile(name, dtype):
+    global _failed
     if _failed is not None:
         return None
     try:
-        if _module is None:
-            from . import _jit_depthwise
-            _module = _jit_depthwise
-        kernel = _module.depthwise
-        # A 1x1 image through a 3x3 window: numba compiles (or loads) the kernel for this dtype now.
-        x = np.ones((1, 1, 1), dtype)
-        out = np.empty((1, 1, 1), dtype)
-        fills = np.array([[1, 2, 1, 2, 0, 1, 0, 1]], np.int64)
-        kernel(x, np.ones((9, 1), dtype), np.zeros(1, dtype), True, out, np.full(12, np.nan, dtype),
-               np.empty(1, dtype), fills, np.arange(9, dtype=np.int64), 3, 12, 3, 1, CLAMP,
-               dtype.type(-np.inf), dtype.type(np.inf), 0, 1)
-        if out[0, 0, 0] != 1:
-            raise RuntimeError(f"the compiled depthwise kernel's self-check gave {out[0, 0, 0]}, not 1")
-        return kernel
+        return _SELF_CHECKS[name](dtype)
     except ImportError as e:
         _failed = f"numba is not installed (pip install 'nnrun[jit]'): {e}"
     except Exception as e:  # noqa: BLE001 - a broken numba must not stop a model from running
         _failed = f"{type(e).__name__}: {e}"
     warnings.warn(f"nnrun: compiled kernels were asked for but are unavailable ({_failed}); using numpy's",
-                  RuntimeWarning, stacklevel=3)
+                  RuntimeWarning, stacklevel=4)
     return None
+
+
+# Each kernel's first call: numba compiles it (or loads it) for the dtype, and the result is checked.
+
+def _check_depthwise(dtype):
+    from ._jit_depthwise import depthwise
+
+    # A 1x1 image through a 3x3 window, padded.
+    x = np.ones((1, 1, 1), dtype)
+    out = np.empty((1, 1, 1), dtype)
+    fills = np.array([[1, 2, 1, 2, 0, 1, 0, 1]], np.int64)
+    lo, hi = dtype.type(-np.inf), dtype.type(np.inf)
+    depthwise(x, np.ones((9, 1), dtype), np.zeros(1, dtype), True, out, np.full(12, np.nan, dtype),
+              np.empty(1, dtype), fills, np.arange(9, dtype=np.int64), 3, 12, 3, 1, CLAMP, lo, hi, 0, 1)
+    _expect("depthwise", out[0, 0, 0], 1)
+    return depthwise
+
+
+def _check_epilogue(dtype):
+    from ._jit_activation import bias_activation
+
+    out = np.array([[-4, 1]], dtype)
+    bias = np.array([1], dtype)
+    bias_activation(out, bias, True, True, HARD_SWISH, dtype.type(1 / 6), dtype.type(0.5), 0, 1)
+    _expect("bias and activation", out[0, 1], dtype.type(2) * (dtype.type(2) * dtype.type(1 / 6) + dtype.type(0.5)))
+    _expect("bias and activation", out[0, 0], 0)
+    return bias_activation
+
+
+def _expect(what, got, wanted):
+    if got != wanted:
+        raise RuntimeError(f"the compiled {what} kernel's self-check gave {got}, not {wanted}")
+
+
+_SELF_CHECKS = {"depthwise": _check_depthwise, "epilogue": _check_epilogue}
 
 
 def unavailable_reason():

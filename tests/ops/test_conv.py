@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from compiled import needs_numba
 from oracle import (FLOAT16_RTOL, assert_close, check_model, check_node, helper, make_model, rng, run_nnrun,
                     run_onnxruntime)
 
@@ -67,30 +68,6 @@ def im2col(request, monkeypatch):
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv_2d(x_shape, w_shape, attrs, bias, im2col):
     _conv_case(x_shape, w_shape, attrs, bias=bias)
-
-
-def _has_numba():
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# numba is in the test extra, so CI runs both kinds; without it the compiled cases say so as skips.
-needs_numba = pytest.mark.skipif(not _has_numba(), reason="numba (the jit extra) is not installed")
-
-
-@pytest.fixture(params=["numpy", pytest.param("compiled", marks=needs_numba)])
-def depthwise_kernel(request, monkeypatch):
-    """Both kinds of depthwise kernel: numpy's paths, and numba's compiled one, which then serves
-    every 1-D and 2-D depthwise case however small (the cases are small to keep the oracles fast)."""
-    if request.param == "numpy":
-        monkeypatch.delenv("NNRUN_JIT", raising=False)  # the default
-    else:
-        monkeypatch.setenv("NNRUN_JIT", "1")
-        monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
-    return request.param
 
 
 def _depthwise_plan(c, size, kernel=3):
@@ -247,7 +224,7 @@ def test_conv_same_with_dilation(auto_pad, pads):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", GROUPED)
-def test_conv_grouped(x_shape, w_shape, attrs, im2col, depthwise_kernel):
+def test_conv_grouped(x_shape, w_shape, attrs, im2col, kernels):
     _conv_case(x_shape, w_shape, attrs)
 
 
@@ -260,7 +237,7 @@ def test_conv_grouped(x_shape, w_shape, attrs, im2col, depthwise_kernel):
     ((1, 8, 20, 21), (8, 1, 2, 4), {"group": 8, "pads": [0, 1, 1, 2], "dilations": [3, 2]}),
     ((2, 12, 18, 19), (24, 1, 3, 3), {"group": 12, "pads": [1, 1, 1, 1]}),          # multiplier 2
 ])
-def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, depthwise_kernel):
+def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, kernels):
     _conv_case(x_shape, w_shape, attrs)
 
 
@@ -268,11 +245,11 @@ def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, depthwise_kernel):
     ((1, 6, 15), (6, 1, 5), {"group": 6, "pads": [2, 2]}),
     ((2, 4, 40), (8, 1, 3), {"group": 4, "pads": [1, 0], "strides": [2], "dilations": [3]}),
 ])
-def test_depthwise_1d(x_shape, w_shape, attrs, depthwise_kernel):
+def test_depthwise_1d(x_shape, w_shape, attrs, kernels):
     _conv_case(x_shape, w_shape, attrs)
 
 
-def test_depthwise_float64(depthwise_kernel):
+def test_depthwise_float64(kernels):
     x = _data((2, 5, 12, 11)).astype(np.float64)
     w = _data((5, 1, 3, 3), 1).astype(np.float64)
     b = _data((5,), 2).astype(np.float64)
@@ -392,18 +369,22 @@ def test_pointwise_needs_no_scratch():
 @pytest.mark.parametrize("activation, onnx_node", [
     (("Relu", {}), ("Relu", {})),
     (("Clip", {"min": -0.5, "max": 0.5}), None),
+    (("Clip", {"min": None, "max": 0.5}), None),
     (("LeakyRelu", {"alpha": 0.2}), ("LeakyRelu", {"alpha": 0.2})),
+    (("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4})),
     (("HardSwish", {}), ("HardSwish", {})),
+    (("Sigmoid", {}), ("Sigmoid", {})),  # not compiled: numpy's formula after the compiled bias
 ])
-def test_fused_activation(w_shape, group, activation, onnx_node, depthwise_kernel):
+def test_fused_activation(w_shape, group, activation, onnx_node, kernels):
     # The compiler sets `_activation` on a Conv node; the oracle is Conv followed by the activation.
     x = _data((2, 3, 8, 7))
     w = _data(w_shape, 1)
     b = _data((6,), 2)
     attrs = {"pads": [1, 1, 1, 1] if w_shape[2] == 3 else [0, 0, 0, 0], "group": group}
     if onnx_node is None:  # Clip takes min and max as inputs since opset 11
-        act = helper.make_node("Clip", ["c", "lo", "hi"], ["y"])
-        inits = [("lo", np.float32(-0.5)), ("hi", np.float32(0.5))]
+        bounds = activation[1]
+        act = helper.make_node("Clip", ["c"] + [k if bounds[k] is not None else "" for k in ("min", "max")], ["y"])
+        inits = [(k, np.float32(v)) for k, v in bounds.items() if v is not None]
     else:
         act = helper.make_node(onnx_node[0], ["c"], ["y"], **onnx_node[1])
         inits = []
@@ -412,6 +393,8 @@ def test_fused_activation(w_shape, group, activation, onnx_node, depthwise_kerne
     (expected,) = run_onnxruntime(model, {"x": x})
     kernel, (info,), spec = _kernel("Conv", Conv, {**attrs, "_activation": activation},
                                     TensorInfo.of(x), TensorInfo.of(w), TensorInfo.of(b))
+    compiled_conv = isinstance(kernel.plan.tiles, conv_core.CompiledDepthwise)
+    assert (kernel.plan.epilogue is not None) == (kernels == "compiled" and not compiled_conv)
     out = np.full(info.shape, np.nan, info.dtype)
     scratch = tuple(np.full(s, np.nan, d) for s, d in spec)
     kernel.run(x, w, b, outs=(out,), scratch=scratch)

@@ -92,7 +92,9 @@ def split_everything(monkeypatch):
     monkeypatch.setattr(parallel, "SPLIT_FROM", 2)
     monkeypatch.setattr(conv_core, "COMPILED_SHARE", 1)
     monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
-    monkeypatch.setenv("NNRUN_JIT", "1")  # where numba is installed, its depthwise kernel splits too
+    monkeypatch.setattr(conv_core, "EPILOGUE_SHARE", 1)
+    # Where numba is installed, its depthwise kernel and convolutions' bias and activation split too.
+    monkeypatch.setenv("NNRUN_JIT", "1")
     runs = []
     real = parallel.Pool.run
 
@@ -152,7 +154,7 @@ def test_a_residual_sum_and_its_relu_split(split_everything):
     ((6, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 3}),      # depthwise-like grouped (multiplier 2)
     ((3, 1, 5, 5), {"pads": [2, 2, 2, 2], "group": 3}),      # depthwise
 ])
-@pytest.mark.parametrize("activation", ["Relu", "Sigmoid"])
+@pytest.mark.parametrize("activation", ["Relu", "Sigmoid", "HardSwish"])
 def test_convolution_bias_and_activation_split(split_everything, w_shape, attrs, activation):
     x, w, b = _data((2, 3, 12, 11)), _data(w_shape, 1), _data((w_shape[0],), 2)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node(activation, ["c"], ["y"])]

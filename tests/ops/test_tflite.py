@@ -88,7 +88,7 @@ def const(name, a):
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 @pytest.mark.parametrize("stride,dilation", [(1, 1), (2, 1), (1, 2), (3, 1)])
 @pytest.mark.parametrize("act", ["NONE", "RELU6"])
-def test_conv2d(padding, stride, dilation, act):
+def test_conv2d(padding, stride, dilation, act, kernels):
     attrs = {"padding": padding, "stride_w": stride, "stride_h": stride, "dilation_w_factor": dilation,
              "dilation_h_factor": dilation, "fused_activation_function": act}
     check("CONV_2D", [inp("x", rand(1, 11, 10, 3)), const("w", rand(5, 3, 3, 3)), const("b", rand(5))],
@@ -103,7 +103,7 @@ def test_conv2d_pointwise_batch():
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 @pytest.mark.parametrize("stride,dilation", [(1, 1), (2, 1), (1, 2)])
 @pytest.mark.parametrize("channels,multiplier", [(4, 1), (3, 2), (1, 3)])
-def test_depthwise(padding, stride, dilation, channels, multiplier):
+def test_depthwise(padding, stride, dilation, channels, multiplier, kernels):
     attrs = {"padding": padding, "stride_w": stride, "stride_h": stride, "dilation_w_factor": dilation,
              "dilation_h_factor": dilation, "depth_multiplier": multiplier, "fused_activation_function": "RELU"}
     check("DEPTHWISE_CONV_2D", [inp("x", rand(1, 9, 8, channels)),
@@ -335,7 +335,7 @@ def test_transpose_conv_bias_relu():
 
 
 @pytest.mark.parametrize("act", ["RELU", "RELU_N1_TO_1", "TANH"])
-def test_conv2d_activations(act):
+def test_conv2d_activations(act, kernels):
     # LiteRT applies a fused activation as a clamp range: TANH is no clamp, so no activation.
     check("CONV_2D", [inp("x", rand(1, 5, 6, 4)), const("w", rand(3, 2, 2, 4)), const("b", rand(3))],
           attrs={"padding": "SAME", "stride_w": 1, "stride_h": 2, "fused_activation_function": act})

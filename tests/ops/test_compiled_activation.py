@@ -1,0 +1,105 @@
+"""A convolution's bias and activation as numba compiles them (`compiled_kernels`): against onnx's
+reference evaluator or onnxruntime (Add of the bias, then the activation node), and to the bit against numpy's
+formulas, which the compiled kernel computes in the same order and type; special values included."""
+
+import numpy as np
+import pytest
+from compiled import needs_numba
+from oracle import helper, make_model, run_onnxruntime, run_reference
+
+from nnrun.ops import conv_core, jit
+
+pytestmark = needs_numba
+
+ACTIVATIONS = [
+    None,
+    ("Relu", {}, {}),
+    ("Clip", {"min": -0.5, "max": 0.5}, {}),
+    ("Clip", {"min": None, "max": 0.5}, {}),
+    # Parameters a float32 attribute holds exactly, so that float64 cases compare to the bit.
+    ("LeakyRelu", {"alpha": 0.25}, {"alpha": 0.25}),
+    ("LeakyRelu", {"alpha": 1.5}, {"alpha": 1.5}),
+    ("HardSigmoid", {"alpha": 0.375, "beta": 0.625}, {"alpha": 0.375, "beta": 0.625}),
+    ("HardSwish", {}, {}),
+]
+
+
+@pytest.fixture
+def epilogue(monkeypatch):
+    monkeypatch.setenv("NNRUN_JIT", "1")
+    return lambda dtype: jit.epilogue_kernel(dtype)
+
+
+def _values(shape, dtype, seed=0):
+    """Values over the activations' bends (HardSwish's -3 and 3), and the special ones."""
+    x = np.random.default_rng(seed).uniform(-5, 5, shape).astype(dtype)
+    flat = x.reshape(-1)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -3, 3, np.finfo(dtype).max, -np.finfo(dtype).max], dtype)
+    flat[:special.size] = special
+    return x
+
+
+def _reference(x, bias, activation, channel_axis):
+    shape = [1] * x.ndim
+    shape[channel_axis] = bias.size
+    nodes = [helper.make_node("Add", ["x", "b"], ["s"])]
+    inits = [("b", bias.reshape(shape))]
+    if activation is None:
+        nodes.append(helper.make_node("Identity", ["s"], ["y"]))
+    elif activation[0] == "Clip":
+        bounds = activation[1]
+        nodes.append(helper.make_node("Clip", ["s"] + [k if bounds[k] is not None else "" for k in ("min", "max")],
+                                      ["y"]))
+        inits += [(k, np.array(v, x.dtype)) for k, v in bounds.items() if v is not None]
+    else:
+        nodes.append(helper.make_node(activation[0], ["s"], ["y"], **activation[2]))
+    model = make_model(nodes, [("x", x)], [("y", None)], inits)
+    # Clip without a bound clamps +-inf to the type's limits in onnxruntime (and nnrun), where the
+    # reference evaluator keeps them.
+    oracle = run_onnxruntime if activation is not None and activation[0] == "Clip" else run_reference
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 and the like, on purpose
+        return oracle(model, {"x": x})[0]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: "bias only" if a is None else f"{a[0]} {a[1]}")
+@pytest.mark.parametrize("layout", [conv_core.CHANNELS_FIRST, conv_core.CHANNELS_LAST])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_bias_and_activation(epilogue, activation, layout, dtype):
+    kernel = epilogue(dtype)
+    assert kernel is not None
+    fused = None if activation is None else activation[:2]
+    shape = (2, 5, 4, 3) if layout == conv_core.CHANNELS_FIRST else (2, 4, 3, 5)
+    channel_axis = 1 if layout == conv_core.CHANNELS_FIRST else 3
+    x = _values(shape, dtype)
+    bias = np.random.default_rng(1).uniform(-1, 1, 5).astype(dtype)
+    compiled, numpy_made = x.copy(), x.copy()
+    conv_core._bias_activation(compiled, bias, fused, layout, epilogue=kernel)
+    with np.errstate(invalid="ignore", over="ignore"):  # as the executor runs kernels
+        conv_core._bias_activation(numpy_made, bias, fused, layout)
+    expected = _reference(x, bias, activation, channel_axis)
+    rtol, atol = (1e-6, 0) if dtype == np.float32 else (1e-12, 0)
+    if dtype == np.float64 and fused is not None and fused[0] == "HardSwish":
+        atol = 1e-7  # the reference evaluator's 1/6 is a float32's, which x / 6 + 1/2 near -3 shows
+    np.testing.assert_allclose(compiled, expected, rtol=rtol, atol=atol)
+    # numpy's formulas, to the bit (NaN where they give NaN)
+    assert np.array_equal(compiled.view(f"u{compiled.itemsize}"), numpy_made.view(f"u{numpy_made.itemsize}"))
+
+
+def test_an_unbatched_output_and_no_bias(epilogue):
+    # The depthwise paths' channel blocks: (channels, *spatial), each channel's rows its own.
+    x = _values((4, 3, 3), np.float32)
+    compiled, numpy_made = x.copy(), x.copy()
+    conv_core._bias_activation(compiled, None, ("HardSwish", {}), conv_core.CHANNELS_FIRST, batched=False,
+                               epilogue=epilogue(np.float32))
+    with np.errstate(invalid="ignore"):
+        conv_core._bias_activation(numpy_made, None, ("HardSwish", {}), conv_core.CHANNELS_FIRST, batched=False)
+    assert np.array_equal(compiled.view(np.uint32), numpy_made.view(np.uint32))
+
+
+def test_activations_it_lacks_and_outputs_not_contiguous_go_to_numpy(epilogue):
+    kernel = epilogue(np.float32)
+    x = _values((1, 4, 6), np.float32)
+    assert not conv_core._compiled_epilogue(kernel, x.copy(), None, ("Sigmoid", {}), conv_core.CHANNELS_FIRST, True)
+    assert not conv_core._compiled_epilogue(kernel, x[:, :, ::2], None, ("Relu", {}), conv_core.CHANNELS_FIRST,
+                                            True)
+    assert conv_core._compiled_epilogue(kernel, x.copy(), None, ("Relu", {}), conv_core.CHANNELS_FIRST, True)
