@@ -17,14 +17,18 @@ os.environ["NNRUN_WEIGHT_CACHE"] = tempfile.mkdtemp(prefix="nnrun-test-weights-"
 atexit.register(shutil.rmtree, os.environ["NNRUN_WEIGHT_CACHE"], True)
 
 
-@pytest.fixture(params=["numpy", pytest.param("compiled", marks=compiled.needs_numba)])
+@pytest.fixture(params=["numpy", pytest.param("compiled", marks=compiled.needs_numba),
+                        pytest.param("compiled, channels first", marks=compiled.needs_numba)])
 def kernels(request, monkeypatch):
-    """Both kinds of kernel: numpy's, and those numba compiles (`compiled_kernels`: depthwise
-    convolution, which then serves every 1-D and 2-D case however small, as the cases are small to
-    keep the oracles fast; and a convolution's bias and activation)."""
+    """Both kinds of kernel: numpy's, and those numba compiles (`compiled_kernels`): a convolution's
+    bias and activation, and depthwise convolution, which then serves every 1-D and 2-D case however
+    small (the cases are small to keep the oracles fast): channels last where the image is small and
+    each channel has one output, or always channels first."""
     if request.param == "numpy":
         monkeypatch.delenv("NNRUN_JIT", raising=False)  # the default
     else:
         monkeypatch.setenv("NNRUN_JIT", "1")
         monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
+        if request.param == "compiled, channels first":
+            monkeypatch.setattr(conv_core, "CHANNELS_LAST_MAX_PIXELS", -1)
     return request.param

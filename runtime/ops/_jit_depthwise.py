@@ -1,12 +1,19 @@
-"""Depthwise convolution compiled by numba (the `jit` extra): the phase planes of `conv_core.PhaseGrid`,
-summed over the taps in one loop per group of taps instead of two numpy passes per tap.
+"""Depthwise convolution compiled by numba (the `jit` extra): two kernels, by the image's size.
 
-numpy runs a depthwise tap as a multiply into scratch and an add into the accumulator, each a
-pass over the output at memory speed (3-8 GFLOP/s here). This kernel fills one channel's phase
-planes, then adds up to nine shifted rows per pass with the channel's weights held in registers
-(LLVM vectorises the loop over the flat plane), and writes the bias and the activation
-(_jit_activation.activate) with the copy into the output. It releases the GIL, so the kernels'
-pool runs channel ranges of one convolution on several threads.
+`depthwise`, channels first (most layers): the phase planes of `conv_core.PhaseGrid`, summed over
+the taps in one loop per group of taps instead of two numpy passes per tap. numpy runs a
+depthwise tap as a multiply into scratch and an add into the accumulator, each a pass over the
+output at memory speed (3-8 GFLOP/s here). This kernel fills one channel's phase planes, then adds
+up to nine shifted rows per pass with the channel's weights held in registers (LLVM vectorises the
+loop over the flat plane), and writes the bias and the activation (_jit_activation.activate) with
+the copy into the output.
+
+`depthwise_channels_last`, small images of many channels (MobileNet's 14x14 and 7x7 layers): there
+a channel's rows are too short to vectorise (a loop of 14 runs scalar), so the image is copied
+channels last and each output pixel sums its taps vectorised along the channels.
+
+Both release the GIL, so the kernels' pool runs channel ranges of one convolution on several
+threads.
 
 Imported only through `jit.py`, which checks that numba is there and compiles this once per
 process (`cache=True`: later processes load the machine code from numba's cache); its leading
@@ -169,3 +176,114 @@ def _sum_taps(planes, w, offsets, acc):
             for k in range(n):
                 acc[k] += p0[k] * w0
         t += 1
+
+
+# Channels transposed at a time: the input's and output's strided reads and writes of one block stay
+# in L1.
+BLOCK = 16
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h, padded_w, kernel_h, kernel_w,
+                            stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode, p0, p1, c0, c1):
+    """Channels [c0, c1) of one image, for small images of many channels (one output per input
+    channel). x (C, H, W); w (taps * C,): tap-major; out (C, OH, OW).
+
+    The image is copied channels last into `padded` (padded_h * padded_w * C, zero border), each
+    output pixel's C sums are made over its taps vectorised along the channels (a channels-first
+    kernel's rows are here too short to vectorise), into `result` (OH * OW * C), then copied back
+    channels first. Flat buffers and slices from zero, so that LLVM sees contiguous, non-negative
+    indices and vectorises; shares of other channels may run on other threads at once.
+    """
+    channels, height, width = x.shape
+    rows, cols = out.shape[1], out.shape[2]
+    n = c1 - c0
+    zero = x.dtype.type(0)
+    one = x.dtype.type(1)
+    for h in range(padded_h):  # the border; scratch is shared with other steps
+        inside = pad_top <= h < pad_top + height
+        for v in range(padded_w):
+            if not (inside and pad_left <= v < pad_left + width):
+                start = (h * padded_w + v) * channels + c0
+                cell = padded[start:start + n]
+                for c in range(n):
+                    cell[c] = zero
+    for b0 in range(c0, c1, BLOCK):
+        m = min(BLOCK, c1 - b0)
+        image = x[b0:b0 + m]
+        for h in range(height):
+            for v in range(width):
+                start = ((h + pad_top) * padded_w + v + pad_left) * channels + b0
+                cell = padded[start:start + m]
+                for c in range(m):
+                    cell[c] = image[c, h, v]
+    for r in range(rows):
+        for q in range(cols):
+            start = (r * cols + q) * channels + c0
+            acc = result[start:start + n]
+            for c in range(n):
+                acc[c] = zero
+            t = 0
+            for i in range(kernel_h):
+                at = ((r * stride_h + i * dilation_h) * padded_w + q * stride_w) * channels + c0
+                _sum_row(padded, w, acc, at, dilation_w * channels, t * channels + c0, channels, kernel_w, n)
+                t += kernel_w
+            if has_bias:
+                b = bias[c0:c1]
+                for c in range(n):
+                    acc[c] = activate(acc[c] + b[c], mode, p0, p1, zero, one)
+            else:
+                for c in range(n):
+                    acc[c] = activate(acc[c], mode, p0, p1, zero, one)
+    for b0 in range(c0, c1, BLOCK):
+        m = min(BLOCK, c1 - b0)
+        image = out[b0:b0 + m]
+        for r in range(rows):
+            for q in range(cols):
+                start = (r * cols + q) * channels + b0
+                cell = result[start:start + m]
+                for c in range(m):
+                    image[c, r, q] = cell[c]
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _sum_row(padded, w, acc, at, step, w_at, channels, taps, n):
+    """acc += one kernel row's taps: taps j at padded[at + j * step:][:n], weights w[w_at + j *
+    channels:][:n]; five or three at a pass, then one."""
+    j = 0
+    while j + 5 <= taps:
+        s0 = padded[at:at + n]
+        s1 = padded[at + step:at + step + n]
+        s2 = padded[at + 2 * step:at + 2 * step + n]
+        s3 = padded[at + 3 * step:at + 3 * step + n]
+        s4 = padded[at + 4 * step:at + 4 * step + n]
+        w0 = w[w_at:w_at + n]
+        w1 = w[w_at + channels:w_at + channels + n]
+        w2 = w[w_at + 2 * channels:w_at + 2 * channels + n]
+        w3 = w[w_at + 3 * channels:w_at + 3 * channels + n]
+        w4 = w[w_at + 4 * channels:w_at + 4 * channels + n]
+        for c in range(n):
+            acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c] + s3[c] * w3[c] + s4[c] * w4[c]
+        j += 5
+        at += 5 * step
+        w_at += 5 * channels
+    while j + 3 <= taps:
+        s0 = padded[at:at + n]
+        s1 = padded[at + step:at + step + n]
+        s2 = padded[at + 2 * step:at + 2 * step + n]
+        w0 = w[w_at:w_at + n]
+        w1 = w[w_at + channels:w_at + channels + n]
+        w2 = w[w_at + 2 * channels:w_at + 2 * channels + n]
+        for c in range(n):
+            acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c]
+        j += 3
+        at += 3 * step
+        w_at += 3 * channels
+    while j < taps:
+        s0 = padded[at:at + n]
+        w0 = w[w_at:w_at + n]
+        for c in range(n):
+            acc[c] += s0[c] * w0[c]
+        j += 1
+        at += step
+        w_at += channels

@@ -31,7 +31,9 @@ Paths, chosen by the plan:
   contiguous runs of (width, channels). A channels-first depthwise conv of small images
   and many channels (rows shorter than the channels) is run channels last, transposed. With
   numba (jit.py), a 1-D or 2-D one channels first sums each channel's planes over all taps in a
-  compiled loop instead (`CompiledDepthwise`), split by channels across the run's threads;
+  compiled loop instead (`CompiledDepthwise`), or, on a small image, each pixel's taps along
+  the channels (`CompiledChannelsLast`), split by channels across the run's threads; and the
+  other convolutions add their bias and activation in one compiled pass (`ConvPlan.epilogue`);
 - transposed conv: GEMM columns scattered into stride-phase planes.
 numpy is fast on long contiguous rows and several times slower on short or strided
 ones, which is what these layouts are for.
@@ -342,7 +344,8 @@ def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FI
     """Choose the path of a convolution and tile it; raises ValueError on inconsistent channels."""
     plan = _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit)
     # A compiled depthwise convolution writes its own bias and activation.
-    epilogue = jit.epilogue_kernel(dtype) if not isinstance(plan.tiles, CompiledDepthwise) else None
+    compiled = isinstance(plan.tiles, (CompiledDepthwise, CompiledChannelsLast))
+    epilogue = jit.epilogue_kernel(dtype) if not compiled else None
     return plan if epilogue is None else replace(plan, epilogue=epilogue)
 
 
@@ -894,19 +897,45 @@ class CompiledDepthwise:
     acc_elems: int
 
 
+@dataclass(frozen=True, eq=False)
+class CompiledChannelsLast:
+    """Channels first, 1-D or 2-D, one output per input channel, a small image, with numba: the
+    image copied channels last, each pixel's sums vectorised along the channels, the result copied
+    back (_jit_depthwise.depthwise_channels_last); channel ranges, one per thread of the run for a
+    large convolution, share the scratch."""
+    kernel: object
+    padded: tuple        # (rows, columns) of the padded image
+    window: Window       # as 2-D
+    padded_elems: int    # scratch: the padded image channels last, then the result's
+    result_elems: int
+
+
 # The compiled kernel sums a channel's flat plane; below this many sums per channel, with more
 # channels than that, numpy's channels-last path (one pass per tap over all channels) is as fast.
 COMPILED_MIN_ROW = 128
+# Images of at most this many output pixels (MobileNet's 14x14 and 7x7 layers) are convolved
+# channels last: a channels-first kernel's rows are too short to vectorise there. Measured, one
+# thread, HardSwish fused: 960x7x7 3x3 260 -> 115 us, 512x7x7 5x5 324 -> 92 us, 576x14x14 3x3
+# 280 -> 221 us; at 28x28 the channels-first kernel is faster (192 channels: 220 against 275 us).
+CHANNELS_LAST_MAX_PIXELS = 196
 
 
-def _compiled_depthwise(window, channels, dtype):
-    """The CompiledDepthwise of a window, or None when numba's kernel does not serve it."""
+def _compiled_depthwise(window, channels, multiplier, dtype):
+    """The CompiledDepthwise or CompiledChannelsLast of a window, or None when numba's kernels do
+    not serve it."""
     if len(window.in_spatial) not in (1, 2):
         return None
     if len(window.in_spatial) == 1:  # a 1-D window is a 2-D one of a single row
         window = Window((1,) + window.in_spatial, (1,) + window.out_spatial, (1,) + window.kernel,
                         (1,) + window.strides, (1,) + window.dilations, (0,) + window.pads_begin,
                         (0,) + window.pads_end)
+    if multiplier == 1 and math.prod(window.out_spatial) <= CHANNELS_LAST_MAX_PIXELS:
+        kernel = jit.depthwise_channels_last_kernel(dtype)
+        if kernel is None:
+            return None
+        padded, _ = _padded_image(window)
+        return CompiledChannelsLast(kernel, padded, window, math.prod(padded) * channels,
+                                    math.prod(window.out_spatial) * channels)
     grid = phase_grid(window)
     if grid.q_size < min(channels, COMPILED_MIN_ROW):
         return None
@@ -932,7 +961,10 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
     multiplier = c_out // c
     rest = math.prod(window.out_spatial[1:])
     if layout == CHANNELS_FIRST:
-        compiled = _compiled_depthwise(window, c, dtype)
+        compiled = _compiled_depthwise(window, c, multiplier, dtype)
+        if isinstance(compiled, CompiledChannelsLast):
+            return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled,
+                            compiled.padded_elems + compiled.result_elems, dtype)
         if compiled is not None:
             return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled,
                             compiled.planes_elems + compiled.acc_elems, dtype)
@@ -1021,6 +1053,8 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
         scratch = np.empty(plan.scratch_elems, plan.dtype)
     if isinstance(plan.tiles, CompiledDepthwise):
         return _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation)
+    if isinstance(plan.tiles, CompiledChannelsLast):
+        return _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, DepthwisePlan):
         return _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, TransposedDepthwise):
@@ -1068,6 +1102,40 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
     if after is not None:
         _bias_activation(out, None, after, CHANNELS_FIRST)
     return out
+
+
+def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
+    """The compiled channels-last kernel (CompiledChannelsLast), in channel ranges of whole blocks
+    on the run's threads when large."""
+    how, window = plan.tiles, plan.tiles.window
+    c = plan.c_in
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
+    has_bias = bias is not None
+    w = w_taps.reshape(-1)  # tap-major (taps * C): contiguous, as packed
+    bias = np.ascontiguousarray(bias) if has_bias else w  # any array of the dtype when there is none
+    padded, result = scratch[:how.padded_elems], scratch[how.padded_elems:how.padded_elems + how.result_elems]
+    parts = max(1, min(parallel.current().threads, out[0].size * window.taps // COMPILED_SHARE))
+    blocks = -(-c // CHANNELS_LAST_BLOCK)
+    shares = [(b0 * CHANNELS_LAST_BLOCK, min(c, b1 * CHANNELS_LAST_BLOCK)) for b0, b1 in parallel.ranges(blocks, parts)]
+    geometry = (*how.padded, *window.kernel, *window.strides, *window.dilations, *window.pads_begin)
+    for n in range(out.shape[0]):
+        x_n = np.ascontiguousarray(x[n].reshape(c, *window.in_spatial))
+        out_n = out[n].reshape(c, *window.out_spatial)
+
+        def share(i):
+            how.kernel(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1, *shares[i])
+        if len(shares) == 1:
+            share(0)
+        else:
+            parallel.current().run(share, len(shares))
+    if after is not None:
+        _bias_activation(out, None, after, CHANNELS_FIRST)
+    return out
+
+
+# The channels-last kernel's shares are whole blocks of channels (its copies' unit), so that two
+# threads never write one cache line of the scratch.
+CHANNELS_LAST_BLOCK = 16
 
 
 def _depthwise_rows(x, w_taps, bias, out, plan, scratch, activation, c, multiplier):

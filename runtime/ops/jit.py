@@ -3,8 +3,8 @@ place that decides whether they are used.
 
 numpy and BLAS are nnrun's kernel language; numba serves what numpy runs far below the machine's
 speed because it takes many short passes where one would do: depthwise convolution (two passes
-per tap: _jit_depthwise.py) and a convolution's bias and activation (HardSwish is five passes
-over the output: _jit_activation.py).
+per tap, or rows too short to vectorise: _jit_depthwise.py) and a convolution's bias and
+activation (HardSwish is five passes over the output: _jit_activation.py).
 
 They are opt-in, per session (`SessionOptions.compiled_kernels = True`, `nnrun --jit`) or per
 process (`NNRUN_JIT=1`), because numba costs what nnrun exists to save: loading it and the kernel
@@ -91,6 +91,12 @@ def depthwise_kernel(dtype):
     return _kernel("depthwise", dtype)
 
 
+def depthwise_channels_last_kernel(dtype):
+    """The compiled depthwise convolution of small images (_jit_depthwise.depthwise_channels_last),
+    as depthwise_kernel."""
+    return _kernel("depthwise_channels_last", dtype)
+
+
 def epilogue_kernel(dtype):
     """The compiled bias and activation (_jit_activation.bias_activation) for `dtype`, as
     depthwise_kernel."""
@@ -138,6 +144,19 @@ def _check_depthwise(dtype):
     return depthwise
 
 
+def _check_depthwise_channels_last(dtype):
+    from ._jit_depthwise import depthwise_channels_last
+
+    # A 1x1 image of one channel through a 3x3 window, padded: only the centre tap reads it.
+    out = np.empty((1, 1, 1), dtype)
+    lo, hi = dtype.type(-np.inf), dtype.type(np.inf)
+    depthwise_channels_last(np.full((1, 1, 1), 2, dtype), np.arange(9, dtype=dtype), np.zeros(1, dtype), True, out,
+                            np.full(9, np.nan, dtype), np.empty(1, dtype), 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, CLAMP, lo, hi,
+                            0, 1)
+    _expect("depthwise (channels last)", out[0, 0, 0], 8)
+    return depthwise_channels_last
+
+
 def _check_epilogue(dtype):
     from ._jit_activation import bias_activation
 
@@ -154,7 +173,8 @@ def _expect(what, got, wanted):
         raise RuntimeError(f"the compiled {what} kernel's self-check gave {got}, not {wanted}")
 
 
-_SELF_CHECKS = {"depthwise": _check_depthwise, "epilogue": _check_epilogue}
+_SELF_CHECKS = {"depthwise": _check_depthwise, "depthwise_channels_last": _check_depthwise_channels_last,
+                "epilogue": _check_epilogue}
 
 
 def unavailable_reason():

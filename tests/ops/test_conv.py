@@ -83,10 +83,15 @@ def test_each_depthwise_path_is_chosen_where_it_serves():
 
 
 @needs_numba
-def test_the_compiled_depthwise_kernel_serves_all_but_short_rows_of_many_channels(monkeypatch):
+def test_which_compiled_depthwise_kernel_serves_which_layer(monkeypatch):
     monkeypatch.setenv("NNRUN_JIT", "1")
-    assert isinstance(_depthwise_plan(32, 112), conv_core.CompiledDepthwise)
-    assert isinstance(_depthwise_plan(384, 14), conv_core.CompiledDepthwise)  # rows of 14 + 2, 224 sums
+    assert isinstance(_depthwise_plan(32, 112), conv_core.CompiledDepthwise)  # long rows: channels first
+    assert isinstance(_depthwise_plan(192, 28), conv_core.CompiledDepthwise)
+    assert isinstance(_depthwise_plan(384, 14), conv_core.CompiledChannelsLast)  # small images: channels last
+    assert isinstance(_depthwise_plan(960, 7), conv_core.CompiledChannelsLast)
+    window = conv_core.make_window((7, 7), (3, 3), pads=[1] * 4)
+    assert isinstance(conv_core.conv_plan(window, 8, 16, 8).tiles, conv_core.CompiledDepthwise)  # 2 outputs each
+    monkeypatch.setattr(conv_core, "CHANNELS_LAST_MAX_PIXELS", 0)
     assert isinstance(_depthwise_plan(960, 7), conv_core.TransposedDepthwise)  # 63 sums, 960 channels
     window = conv_core.make_window((9, 9, 9), (3, 3, 3), pads=[1] * 6)
     assert not isinstance(conv_core.conv_plan(window, 4, 4, 4).tiles, conv_core.CompiledDepthwise)  # 3-D
@@ -203,6 +208,7 @@ GROUPED = [
     ((1, 80, 6, 7), (160, 1, 3, 3), {"group": 80, "pads": [1, 0, 2, 1], "strides": [2, 1]}),   # multiplier 2
     ((1, 64, 7, 7), (64, 1, 5, 3), {"group": 64, "pads": [4, 1, 3, 0], "dilations": [2, 1]}),
     ((1, 64, 3, 3), (64, 1, 3, 3), {"group": 64, "pads": [3, 3, 3, 3]}),   # no tap covers the image
+    ((1, 37, 11, 13), (37, 1, 5, 5), {"group": 37, "pads": [2, 2, 2, 2]}),  # channels in blocks of 16, and 5
 ]
 
 
@@ -393,8 +399,8 @@ def test_fused_activation(w_shape, group, activation, onnx_node, kernels):
     (expected,) = run_onnxruntime(model, {"x": x})
     kernel, (info,), spec = _kernel("Conv", Conv, {**attrs, "_activation": activation},
                                     TensorInfo.of(x), TensorInfo.of(w), TensorInfo.of(b))
-    compiled_conv = isinstance(kernel.plan.tiles, conv_core.CompiledDepthwise)
-    assert (kernel.plan.epilogue is not None) == (kernels == "compiled" and not compiled_conv)
+    compiled_conv = isinstance(kernel.plan.tiles, (conv_core.CompiledDepthwise, conv_core.CompiledChannelsLast))
+    assert (kernel.plan.epilogue is not None) == (kernels != "numpy" and not compiled_conv)
     out = np.full(info.shape, np.nan, info.dtype)
     scratch = tuple(np.full(s, np.nan, d) for s, d in spec)
     kernel.run(x, w, b, outs=(out,), scratch=scratch)
