@@ -42,7 +42,8 @@ class ExecutionOrder(enum.IntEnum):
 
 # The optimising passes each level leaves out (compiler/passes.py names them).
 _FUSIONS = ("fuse_patterns", "fuse_activations")
-_BASIC = ("drop_identities", "constants_as_weights", "fold_batchnorm", "fold_constants", "inline_if")
+_BASIC = ("drop_identities", "constants_as_weights", "fold_batchnorm", "fold_conv_bias", "fold_constants",
+          "inline_if")
 _LEFT_OUT = {
     GraphOptimizationLevel.ORT_DISABLE_ALL: frozenset(_BASIC + _FUSIONS),
     GraphOptimizationLevel.ORT_ENABLE_BASIC: frozenset(_FUSIONS),

@@ -4,7 +4,7 @@
 from one frozen stage (stages.py) to the next:
 
     check_supported, capture_outer_values, topological_order   the graph as it may run
-    constants_as_weights, fold_batchnorm, flush_denormals,
+    constants_as_weights, fold_batchnorm, fold_conv_bias, flush_denormals,
     fuse_patterns, fuse_activations                            rewrites (switchable)
     infer_shapes (with fold_constants), drop_dead              what every value is
     prepare_kernels                                            packing and scratch
@@ -41,7 +41,8 @@ from .release import EagerRelease, mapped_weights, release_unused
 from .denormals import flush_denormal_weights
 from .fuse_patterns import fuse_patterns
 from .inline import inlined, taken_branch
-from .rewrite import capture_outer_values, constants_as_weights, drop_identities, fold_batchnorm, fuse_activations
+from .rewrite import (capture_outer_values, constants_as_weights, drop_identities, fold_batchnorm, fold_conv_bias,
+                      fuse_activations)
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
                      frozen_map)
 
@@ -128,6 +129,7 @@ def _compile_graph(graph, feeds, options, constants, planner, packer, limit):
     nodes = run("drop_identities", drop_identities_pass, nodes, context)
     nodes = run("constants_as_weights", constants_as_weights_pass, nodes, context)
     nodes = run("fold_batchnorm", fold_batchnorm_pass, nodes, context)
+    nodes = run("fold_conv_bias", fold_conv_bias_pass, nodes, context)
     nodes = run("flush_denormals", flush_denormals_pass, nodes, context)
     nodes = run("fuse_patterns", fuse_patterns_pass, nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
@@ -203,6 +205,13 @@ def fold_batchnorm_pass(nodes, context):
     weights = dict(nodes.weights)
     keep = context.packer.pack if context.packer is not None else None
     folded = fold_batchnorm(list(nodes.nodes), weights, set(context.outputs), context.release.copied, keep)
+    return NodeList(tuple(folded), frozen_map(weights))
+
+
+def fold_conv_bias_pass(nodes, context):
+    weights = dict(nodes.weights)
+    keep = context.packer.pack if context.packer is not None else None
+    folded = fold_conv_bias(list(nodes.nodes), weights, set(context.outputs), context.release.copied, keep)
     return NodeList(tuple(folded), frozen_map(weights))
 
 

@@ -32,6 +32,8 @@ PASSES = tuple(Pass(*p) for p in (
     ("constants_as_weights", True, "Constant nodes' values become weights before the rewrites read them "
                                    "(off: they are computed at infer_shapes, after fold_batchnorm)"),
     ("fold_batchnorm", True, "Conv then BatchNormalization with constant parameters becomes one Conv"),
+    ("fold_conv_bias", True, "Conv then an Add of a constant per output channel becomes one Conv with that bias "
+                             "(so that an activation after it fuses)"),
     ("flush_denormals", True, "subnormal values in float weights become zero (each costs a ~100x slower "
                               "multiply on x86); scanned by sample, copied only when found"),
     ("fuse_patterns", True, "GELU (erf and tanh forms), HardSwish, HardSigmoid, SiLU, Mish, LayerNormalization "

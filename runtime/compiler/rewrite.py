@@ -1,5 +1,5 @@
 """Graph rewrites before shape inference: pass-through nodes dropped, Constant nodes as weights,
-Conv+BatchNormalization folding, activation fusion.
+Conv+BatchNormalization folding, a bias Add folded into its Conv, activation fusion.
 
 Each rewrite takes the topologically ordered node list and the weights dict,
 returns a new node list, and may add weights (anonymous arrays: packed weights).
@@ -106,6 +106,66 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, ke
             continue
         out.append(fused_into.get(i, node))
     return out
+
+
+def fold_conv_bias(nodes, weights, graph_outputs, copied=lambda weight: None, keep=None):
+    """Conv -> Add of a constant per output channel (Paddle's exports write every bias so)
+    becomes one Conv whose bias is the sum: the activation after the Add then fuses into the
+    Conv, and with compiled kernels bias and activation are one pass. `keep` and `copied` as
+    in fold_batchnorm."""
+    keep = keep or (lambda name, make: make())
+    users = _consumers(nodes)
+    fused_into, dropped = {}, set()
+    for i, conv in enumerate(nodes):
+        if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1 or len(conv.inputs) < 2:
+            continue
+        y = conv.outputs[0]
+        if not _single_use(y, users, graph_outputs) or conv.inputs[1] not in weights:
+            continue
+        j = users[y][0]
+        add = nodes[j]
+        if add.op_type != "Add" or add.domain or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+            continue
+        constant = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+        w, c = weights[conv.inputs[1]], weights.get(constant)
+        b = weights.get(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
+        if c is None or (len(conv.inputs) > 2 and conv.inputs[2] and b is None):
+            continue
+        if not _per_output_channel(c, w) or (b is not None and (tuple(b.shape) != (w.shape[0],) or b.dtype != w.dtype)):
+            continue
+        name = "fold_conv_bias/" + "/".join(weight_identity(v) for v in (b, c)) + f"/{w.shape[0]}"
+        new_b = keep(name, lambda: _bias_sum(b, c, w.shape[0], w.dtype))
+        if len(users.get(constant, ())) == 1:
+            copied(c)
+        if b is not None and len(users.get(conv.inputs[2], ())) == 1:
+            copied(b)
+        b_name = f"{conv.name or y}/folded_bias"
+        weights[b_name] = new_b
+        fused_into[j] = Node(conv.name, "Conv", "", [conv.inputs[0], conv.inputs[1], b_name], [add.outputs[0]],
+                             dict(conv.attrs), conv.index)
+        dropped.add(i)
+    return [fused_into.get(i, node) for i, node in enumerate(nodes) if i not in dropped]
+
+
+def _per_output_channel(c, w):
+    """Whether constant c, added to the output of a Conv of weight w (Cout, Cin/g, *kernel), is
+    one value per output channel (or one in all) that leaves the output's shape as it is: shape
+    (1, Cout or 1, 1, ...) of the output's rank, or that without the leading 1."""
+    rank, shape = len(w.shape), tuple(c.shape)
+    if c.dtype != w.dtype or np.dtype(w.dtype).kind != "f" or rank < 3 or len(shape) > rank:
+        return False
+    if len(shape) == rank:
+        if shape[0] != 1:
+            return False
+        shape = shape[1:]
+    return len(shape) == rank - 1 and shape[0] in (1, w.shape[0]) and all(d == 1 for d in shape[1:]) \
+        or all(d == 1 for d in shape)
+
+
+def _bias_sum(b, c, channels, dtype):
+    """The Conv's bias (or zero) plus the Add's constant, one per output channel."""
+    total = np.broadcast_to(weight_array(c).reshape(-1), (channels,)).astype(dtype)
+    return total if b is None else (weight_array(b) + total).astype(dtype)
 
 
 _CONSTANT_VALUES = {"value": None, "value_float": np.float32, "value_floats": np.float32,

@@ -55,7 +55,8 @@ def conv_bn_relu():
 def test_every_pass_is_named_once_and_the_switchable_ones_are_known():
     names = [p.name for p in PASSES]
     assert len(names) == len(set(names))
-    assert set(SWITCHABLE) == {"drop_identities", "constants_as_weights", "fold_batchnorm", "flush_denormals",
+    assert set(SWITCHABLE) == {"drop_identities", "constants_as_weights", "fold_batchnorm", "fold_conv_bias",
+                               "flush_denormals",
                                "fuse_activations", "fold_constants", "memory_aware_order",
                                "inline_if", "fuse_patterns", "release_weights"}
 

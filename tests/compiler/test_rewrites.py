@@ -368,6 +368,57 @@ def test_hard_swish_after_a_convolution_runs_inside_it():
     assert [s.op_type for s in sess._last.steps] == ["Conv"]
 
 
+# --- fold_conv_bias -------------------------------------------------------------------------------
+
+def conv_add_model(constant, bias=False, constant_first=False, then="Relu", conv_read_twice=False):
+    """Conv (4 output channels), Add of `constant` as Paddle writes a bias, then `then`."""
+    r = rng(7)
+    w = r.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    inits = [("w", w), ("c", constant)] + ([("b", r.standard_normal(4).astype(np.float32))] if bias else [])
+    add_inputs = ["c", "conv"] if constant_first else ["conv", "c"]
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", add_inputs, ["s"]),
+             helper.make_node(then, ["s"], ["y"])]
+    outputs = [("y", None)]
+    if conv_read_twice:
+        nodes.append(helper.make_node("Neg", ["conv"], ["n"]))
+        outputs.append(("n", None))
+    return make_model(nodes, [("x", np.zeros((1, 3, 6, 5), np.float32))], outputs, inits)
+
+
+PER_CHANNEL = rng(8).standard_normal((1, 4, 1, 1)).astype(np.float32)
+
+
+@pytest.mark.parametrize("constant, bias, constant_first, then", [
+    (PER_CHANNEL, False, False, "Relu"),
+    (PER_CHANNEL, True, True, "HardSigmoid"),             # a bias of its own, and the constant first
+    (PER_CHANNEL[0], False, False, "Sigmoid"),           # (C, 1, 1): without the leading 1
+    (np.array([0.25], np.float32), True, False, "Relu"),  # one value for all channels
+])
+def test_a_bias_written_as_an_add_becomes_the_convs_and_its_activation_fuses(constant, bias, constant_first, then):
+    model = conv_add_model(constant, bias, constant_first, then)
+    x = rng(9).standard_normal((1, 3, 6, 5)).astype(np.float32)
+    check_model(model, {"x": x}, rtol=1e-5)
+    on, off = session(model), session(model, {"fold_conv_bias"})
+    for sess in (on, off):
+        sess.run(None, {"x": x})
+    assert [s.op_type for s in on._last.steps] == ["Conv"]
+    assert [s.op_type for s in off._last.steps] == ["Conv", "Add"]  # the activation inside the Add
+
+
+@pytest.mark.parametrize("change", ["along the width", "a whole image", "a second reader", "a batch of two"])
+def test_what_only_looks_like_a_bias_add_is_left_alone(change):
+    constant = {"along the width": rng(8).standard_normal(5).astype(np.float32),
+                "a whole image": rng(8).standard_normal((1, 4, 6, 5)).astype(np.float32),
+                "a batch of two": rng(8).standard_normal((2, 4, 1, 1)).astype(np.float32)}.get(change, PER_CHANNEL)
+    model = conv_add_model(constant, conv_read_twice=change == "a second reader")
+    x = rng(9).standard_normal((1, 3, 6, 5)).astype(np.float32)
+    check_model(model, {"x": x}, rtol=1e-5)
+    sess = session(model)
+    sess.run(None, {"x": x})
+    assert "Add" in [s.op_type for s in sess._last.steps]
+
+
 # --- drop_identities ------------------------------------------------------------------------------
 
 def pass_through_model():
