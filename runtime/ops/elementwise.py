@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from . import activation, bands, parallel
+from . import activation, bands, jit, parallel
 from .registry import FUSED, Inferred, Kernel, TensorInfo, lookup, register
 
 
@@ -462,11 +462,12 @@ class Clip(Kernel):
 
 # erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32): the rational
 # approximation of Eigen's generic_fast_erf_float, within 4 float32 ulps. scipy's erf computes
-# each element in double, scalar code, ~20x slower.
-_ERF_P = tuple(np.float32(c) for c in (
+# each element in double, scalar code, ~20x slower. With compiled kernels (jit.py), numba runs
+# the same operations in one pass (_jit_activation.erf).
+ERF_P = tuple(np.float32(c) for c in (
     -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
     -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02))
-_ERF_Q = tuple(np.float32(c) for c in (
+ERF_Q = tuple(np.float32(c) for c in (
     -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
     -1.42647390514189e-02))
 
@@ -483,10 +484,33 @@ def erf_float32(z, out, x2, q):
     """erf of float32 `z` into `out` (which may be z), with two temporaries of its size."""
     np.clip(z, np.float32(-4), np.float32(4), out=out)
     np.multiply(out, out, out=x2)
-    _horner(_ERF_P, x2, q)
+    _horner(ERF_P, x2, q)
     np.multiply(out, q, out=out)
-    _horner(_ERF_Q, x2, q)
+    _horner(ERF_Q, x2, q)
     np.divide(out, q, out=out)
+
+
+# A compiled elementwise kernel splits into flat ranges on the run's threads from this many
+# elements a share.
+COMPILED_SHARE = 1 << 17
+
+
+def compiled_unary(kernel, x, out):
+    """kernel(x, out, start, end) (numba's, flat and contiguous) over all of x into out, in ranges
+    on the run's threads when large; a view that is not contiguous goes through a copy."""
+    if not (x.flags.c_contiguous and out.flags.c_contiguous):
+        result = np.empty(out.shape, out.dtype)
+        compiled_unary(kernel, np.ascontiguousarray(x), result)
+        np.copyto(out, result)
+        return
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    if flat_out.size == 0:
+        return
+    spans = parallel.ranges(flat_out.size, max(1, min(parallel.current().threads, flat_out.size // COMPILED_SHARE)))
+    if len(spans) == 1:
+        kernel(flat_x, flat_out, 0, flat_out.size)
+    else:
+        parallel.current().run(lambda i: kernel(flat_x, flat_out, *spans[i]), len(spans))
 
 
 def scipy_erf():
@@ -497,14 +521,19 @@ def scipy_erf():
 
 @register("Erf", since=9)
 class Erf(Unary):
+    compiled = None  # jit.elementwise_kernel("erf") when compiled kernels are on
+
     def infer(self, x):
         fast = x.dtype == np.float32
         if fast:
-            return Inferred(super().infer(x), fast=True, temporaries=2)
+            compiled = jit.elementwise_kernel("erf")
+            return Inferred(super().infer(x), fast=True, temporaries=0 if compiled else 2, compiled=compiled)
         return Inferred(super().infer(x), fast=False, temporaries=0, ufunc=scipy_erf())
 
     def apply(self, x, out, temps):
-        if self.fast:
+        if self.compiled is not None:
+            compiled_unary(self.compiled, x, out)
+        elif self.fast:
             activation.blockwise(erf_float32, x, out, temps)
         else:
             self.ufunc(x, out=out)
@@ -514,6 +543,7 @@ class Erf(Unary):
 @register("Gelu", since=20)
 class Gelu(Unary):
     attributes = {"approximate": "none"}
+    compiled = None  # jit.elementwise_kernel("gelu") when compiled kernels are on (the erf form)
 
     def decode(self):
         if self.approximate not in ("none", "tanh"):
@@ -525,12 +555,15 @@ class Gelu(Unary):
         if self.approximate != "none":
             return Inferred(super().infer(x), fast=fast)
         if fast:
-            return Inferred(super().infer(x), fast=True, temporaries=2)
+            compiled = jit.elementwise_kernel("gelu")
+            return Inferred(super().infer(x), fast=True, temporaries=0 if compiled else 2, compiled=compiled)
         return Inferred(super().infer(x), fast=False, temporaries=0, erf=scipy_erf())
 
     def apply(self, x, out, temps):
         if self.approximate == "tanh":
             self.tanh_form(x, out)
+        elif self.compiled is not None:
+            compiled_unary(self.compiled, x, out)
         elif self.fast:
             activation.blockwise(self.erf_form, x, out, temps)
         else:

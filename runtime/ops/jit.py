@@ -103,6 +103,11 @@ def epilogue_kernel(dtype):
     return _kernel("epilogue", dtype)
 
 
+def elementwise_kernel(name):
+    """A compiled float32 elementwise kernel of _jit_activation ("erf", "gelu"), as depthwise_kernel."""
+    return _kernel(name, np.float32)
+
+
 def _kernel(name, dtype):
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64) or not wanted():
@@ -168,13 +173,25 @@ def _check_epilogue(dtype):
     return bias_activation
 
 
+def _check_elementwise(name):
+    def check(dtype):
+        from . import _jit_activation
+
+        kernel = getattr(_jit_activation, name)
+        out = np.empty(3, dtype)
+        kernel(np.array([0, 10, -10], dtype), out, 0, 3)
+        _expect(name, tuple(out), {"erf": (0, 1, -1), "gelu": (0, 10, 0)}[name])
+        return kernel
+    return check
+
+
 def _expect(what, got, wanted):
     if got != wanted:
         raise RuntimeError(f"the compiled {what} kernel's self-check gave {got}, not {wanted}")
 
 
 _SELF_CHECKS = {"depthwise": _check_depthwise, "depthwise_channels_last": _check_depthwise_channels_last,
-                "epilogue": _check_epilogue}
+                "epilogue": _check_epilogue, "erf": _check_elementwise("erf"), "gelu": _check_elementwise("gelu")}
 
 
 def unavailable_reason():

@@ -1,13 +1,15 @@
-"""A convolution's bias and activation as numba compiles them (`compiled_kernels`): against onnx's
-reference evaluator or onnxruntime (Add of the bias, then the activation node), and to the bit against numpy's
-formulas, which the compiled kernel computes in the same order and type; special values included."""
+"""Activations as numba compiles them (`compiled_kernels`): a convolution's bias and activation
+against onnx's reference evaluator or onnxruntime (Add of the bias, then the activation node), erf
+and GELU against onnxruntime; each also to the bit against numpy's formulas, which the compiled
+kernels compute in the same order and type; special values included."""
 
 import numpy as np
 import pytest
 from compiled import needs_numba
-from oracle import helper, make_model, run_onnxruntime, run_reference
+from oracle import assert_close, helper, make_model, run_onnxruntime, run_reference
 
-from nnrun.ops import conv_core, jit
+import nnrun
+from nnrun.ops import conv_core, elementwise, jit
 
 pytestmark = needs_numba
 
@@ -103,3 +105,26 @@ def test_activations_it_lacks_and_outputs_not_contiguous_go_to_numpy(epilogue):
     assert not conv_core._compiled_epilogue(kernel, x[:, :, ::2], None, ("Relu", {}), conv_core.CHANNELS_FIRST,
                                             True)
     assert conv_core._compiled_epilogue(kernel, x.copy(), None, ("Relu", {}), conv_core.CHANNELS_FIRST, True)
+
+
+SPECIALS = np.array([np.inf, -np.inf, np.nan, 100, -100, 0, -0.0, 1e-30, -3, 3, 4, -4, 4.0001, -4.0001], np.float32)
+
+
+@pytest.mark.parametrize("op", ["Erf", "Gelu"])
+@pytest.mark.parametrize("x", [SPECIALS, np.random.default_rng(3).standard_normal((3, 70_001)).astype(np.float32) * 3],
+                         ids=["special values", "several shares"])
+def test_compiled_erf_and_gelu(monkeypatch, op, x):
+    monkeypatch.setattr(elementwise, "COMPILED_SHARE", 1000)  # ranges on both threads
+    model = make_model([helper.make_node(op, ["x"], ["y"])], [("x", x)], [("y", None)], opset=20)
+    (expected,) = run_onnxruntime(model, {"x": x})
+    made = {}
+    for kind in ("numpy", "compiled"):
+        monkeypatch.setenv("NNRUN_JIT", "1" if kind == "compiled" else "0")
+        options = nnrun.SessionOptions()
+        options.intra_op_num_threads = 2
+        sess = nnrun.InferenceSession(model.SerializeToString(), options)
+        (made[kind],) = sess.run(None, {"x": x})
+        kernel = sess._last.steps[0].kernel
+        assert (kernel.compiled is not None) == (kind == "compiled")
+    assert_close(made["compiled"], expected, rtol=1e-5)
+    assert np.array_equal(made["compiled"].view(np.uint32), made["numpy"].view(np.uint32))
