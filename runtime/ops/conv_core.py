@@ -722,11 +722,7 @@ def _compiled_epilogue(kernel, out, bias, activation, layout, batched):
     bias = np.ascontiguousarray(bias) if has_bias else rows[0]
     per_row = layout == CHANNELS_FIRST
     shares = parallel.ranges(rows.shape[0], max(1, min(parallel.current().threads, out.size // EPILOGUE_SHARE)))
-    if len(shares) == 1:
-        kernel(rows, bias, has_bias, per_row, mode, p0, p1, 0, rows.shape[0])
-    else:
-        parallel.current().run(lambda i: kernel(rows, bias, has_bias, per_row, mode, p0, p1, *shares[i]),
-                               len(shares))
+    parallel.current().run(lambda i: kernel(rows, bias, has_bias, per_row, mode, p0, p1, *shares[i]), len(shares))
     return True
 
 
@@ -1095,10 +1091,7 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
             how.kernel(x_n, w2, bias, has_bias, out_n, own[:how.planes_elems], own[how.planes_elems:per_share],
                        how.fills, how.offsets, how.plane_w, how.plane_size, how.q_stride, multiplier, mode, p0,
                        p1, *shares[i])
-        if len(shares) == 1:
-            share(0)
-        else:
-            parallel.current().run(share, len(shares))
+        parallel.current().run(share, len(shares))  # inline when there is one
     if after is not None:
         _bias_activation(out, None, after, CHANNELS_FIRST)
     return out
@@ -1124,10 +1117,7 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
 
         def share(i):
             how.kernel(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1, *shares[i])
-        if len(shares) == 1:
-            share(0)
-        else:
-            parallel.current().run(share, len(shares))
+        parallel.current().run(share, len(shares))  # inline when there is one
     if after is not None:
         _bias_activation(out, None, after, CHANNELS_FIRST)
     return out

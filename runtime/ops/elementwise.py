@@ -507,10 +507,7 @@ def compiled_unary(kernel, x, out):
     if flat_out.size == 0:
         return
     spans = parallel.ranges(flat_out.size, max(1, min(parallel.current().threads, flat_out.size // COMPILED_SHARE)))
-    if len(spans) == 1:
-        kernel(flat_x, flat_out, 0, flat_out.size)
-    else:
-        parallel.current().run(lambda i: kernel(flat_x, flat_out, *spans[i]), len(spans))
+    parallel.current().run(lambda i: kernel(flat_x, flat_out, *spans[i]), len(spans))  # inline when one
 
 
 def scipy_erf():
