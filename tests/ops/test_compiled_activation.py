@@ -29,6 +29,7 @@ ACTIVATIONS = [
 @pytest.fixture
 def epilogue(monkeypatch):
     monkeypatch.setenv("NNRUN_JIT", "1")
+    monkeypatch.setattr(conv_core, "EPILOGUE_MIN", 0)  # the cases are small
     return lambda dtype: jit.epilogue_kernel(dtype)
 
 
@@ -96,6 +97,16 @@ def test_an_unbatched_output_and_no_bias(epilogue):
     with np.errstate(invalid="ignore"):
         conv_core._bias_activation(numpy_made, None, ("HardSwish", {}), conv_core.CHANNELS_FIRST, batched=False)
     assert np.array_equal(compiled.view(np.uint32), numpy_made.view(np.uint32))
+
+
+def test_small_outputs_go_to_numpy_unless_numpy_takes_several_passes(epilogue, monkeypatch):
+    monkeypatch.setattr(conv_core, "EPILOGUE_MIN", 100)
+    calls = []
+    monkeypatch.setattr(conv_core, "_compiled_epilogue", lambda *a: calls.append(a[3]) or True)
+    for size, activation in ((99, ("Relu", {})), (100, ("Relu", {})), (99, ("HardSwish", {})), (99, None)):
+        conv_core._bias_activation(np.zeros((1, 1, size), np.float32), np.zeros(1, np.float32), activation,
+                                   conv_core.CHANNELS_FIRST, epilogue=epilogue(np.float32))
+    assert calls == [("Relu", {}), ("HardSwish", {})]
 
 
 def test_activations_it_lacks_and_outputs_not_contiguous_go_to_numpy(epilogue):

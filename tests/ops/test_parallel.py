@@ -93,6 +93,7 @@ def split_everything(monkeypatch):
     monkeypatch.setattr(conv_core, "COMPILED_SHARE", 1)
     monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
     monkeypatch.setattr(conv_core, "EPILOGUE_SHARE", 1)
+    monkeypatch.setattr(conv_core, "EPILOGUE_MIN", 0)
     monkeypatch.setattr(conv_core, "CHANNELS_LAST_BLOCK", 1)
     # Where numba is installed, its depthwise kernel and convolutions' bias and activation split too.
     monkeypatch.setenv("NNRUN_JIT", "1")
