@@ -218,18 +218,19 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
                 for c in range(m):
                     cell[c] = image[c, h, v]
     for r in range(rows):
+        row = r * cols * channels + c0  # the row's first sums in `result`
         for q in range(cols):
-            start = (r * cols + q) * channels + c0
-            acc = result[start:start + n]
+            acc = result[row + q * channels:row + q * channels + n]
             for c in range(n):
                 acc[c] = zero
-            t = 0
-            for i in range(kernel_h):
-                at = ((r * stride_h + i * dilation_h) * padded_w + q * stride_w) * channels + c0
-                _sum_row(padded, w, acc, at, dilation_w * channels, t * channels + c0, channels, kernel_w, n)
-                t += kernel_w
+        for i in range(kernel_h):
+            at = (r * stride_h + i * dilation_h) * padded_w * channels + c0
+            _row_taps(padded, w, result, at, row, cols, stride_w * channels, dilation_w * channels,
+                      i * kernel_w * channels + c0, channels, kernel_w, n)
+        b = bias[c0:c1]
+        for q in range(cols):
+            acc = result[row + q * channels:row + q * channels + n]
             if has_bias:
-                b = bias[c0:c1]
                 for c in range(n):
                     acc[c] = activate(acc[c] + b[c], mode, p0, p1, zero, one)
             else:
@@ -247,43 +248,48 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _sum_row(padded, w, acc, at, step, w_at, channels, taps, n):
-    """acc += one kernel row's taps: taps j at padded[at + j * step:][:n], weights w[w_at + j *
-    channels:][:n]; five or three at a pass, then one."""
+def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channels, taps, n):
+    """One kernel row's taps over one output row: for each of its `cols` pixels (sums at
+    result[row + q * channels:][:n], image at padded[at + q * col_step:]), += tap j's pixel
+    (tap_step further each) times its weights w[w_at + j * channels:][:n]. Five or three taps a
+    pass, then one; each group's weights are sliced once for the whole row."""
     j = 0
-    while j + 5 <= taps:
-        s0 = padded[at:at + n]
-        s1 = padded[at + step:at + step + n]
-        s2 = padded[at + 2 * step:at + 2 * step + n]
-        s3 = padded[at + 3 * step:at + 3 * step + n]
-        s4 = padded[at + 4 * step:at + 4 * step + n]
-        w0 = w[w_at:w_at + n]
-        w1 = w[w_at + channels:w_at + channels + n]
-        w2 = w[w_at + 2 * channels:w_at + 2 * channels + n]
-        w3 = w[w_at + 3 * channels:w_at + 3 * channels + n]
-        w4 = w[w_at + 4 * channels:w_at + 4 * channels + n]
-        for c in range(n):
-            acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c] + s3[c] * w3[c] + s4[c] * w4[c]
-        j += 5
-        at += 5 * step
-        w_at += 5 * channels
-    while j + 3 <= taps:
-        s0 = padded[at:at + n]
-        s1 = padded[at + step:at + step + n]
-        s2 = padded[at + 2 * step:at + 2 * step + n]
-        w0 = w[w_at:w_at + n]
-        w1 = w[w_at + channels:w_at + channels + n]
-        w2 = w[w_at + 2 * channels:w_at + 2 * channels + n]
-        for c in range(n):
-            acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c]
-        j += 3
-        at += 3 * step
-        w_at += 3 * channels
     while j < taps:
-        s0 = padded[at:at + n]
+        group = 5 if taps - j >= 5 else (3 if taps - j >= 3 else 1)
         w0 = w[w_at:w_at + n]
-        for c in range(n):
-            acc[c] += s0[c] * w0[c]
-        j += 1
-        at += step
-        w_at += channels
+        if group == 5:
+            w1 = w[w_at + channels:w_at + channels + n]
+            w2 = w[w_at + 2 * channels:w_at + 2 * channels + n]
+            w3 = w[w_at + 3 * channels:w_at + 3 * channels + n]
+            w4 = w[w_at + 4 * channels:w_at + 4 * channels + n]
+            for q in range(cols):
+                s = at + q * col_step
+                s0 = padded[s:s + n]
+                s1 = padded[s + tap_step:s + tap_step + n]
+                s2 = padded[s + 2 * tap_step:s + 2 * tap_step + n]
+                s3 = padded[s + 3 * tap_step:s + 3 * tap_step + n]
+                s4 = padded[s + 4 * tap_step:s + 4 * tap_step + n]
+                acc = result[row + q * channels:row + q * channels + n]
+                for c in range(n):
+                    acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c] + s3[c] * w3[c] + s4[c] * w4[c]
+        elif group == 3:
+            w1 = w[w_at + channels:w_at + channels + n]
+            w2 = w[w_at + 2 * channels:w_at + 2 * channels + n]
+            for q in range(cols):
+                s = at + q * col_step
+                s0 = padded[s:s + n]
+                s1 = padded[s + tap_step:s + tap_step + n]
+                s2 = padded[s + 2 * tap_step:s + 2 * tap_step + n]
+                acc = result[row + q * channels:row + q * channels + n]
+                for c in range(n):
+                    acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c]
+        else:
+            for q in range(cols):
+                s = at + q * col_step
+                s0 = padded[s:s + n]
+                acc = result[row + q * channels:row + q * channels + n]
+                for c in range(n):
+                    acc[c] += s0[c] * w0[c]
+        j += group
+        at += group * tap_step
+        w_at += group * channels
