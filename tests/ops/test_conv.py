@@ -153,9 +153,11 @@ def test_without_numba_nnrun_runs_and_compiled_kernels_asked_for_warn_once(tmp_p
         "assert all(isinstance(p.tiles, conv_core.DepthwisePlan) for p in plans), plans\n"
         "assert len(caught) == 1 and 'nnrun[jit]' in str(caught[0].message), caught\n"
         "print('ok')\n")
+    import os
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "NNRUN_JIT"}  # as installed: not asked for
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
