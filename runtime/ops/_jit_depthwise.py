@@ -189,11 +189,12 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
     """Channels [c0, c1) of one image, for small images of many channels (one output per input
     channel). x (C, H, W); w (taps * C,): tap-major; out (C, OH, OW).
 
-    The image is copied channels last into `padded` (padded_h * padded_w * C, zero border), each
+    The image is copied channels last into `padded` (padded_h * padded_w * C, zero border); each
     output pixel's C sums are made over its taps vectorised along the channels (a channels-first
-    kernel's rows are here too short to vectorise), into `result` (OH * OW * C), then copied back
-    channels first. Flat buffers and slices from zero, so that LLVM sees contiguous, non-negative
-    indices and vectorises; shares of other channels may run on other threads at once.
+    kernel's rows are here too short to vectorise), an output row at a time, kernel row by kernel
+    row (_row_taps), into `result` (OH * OW * C), then copied back channels first. Flat buffers
+    and slices from zero, so that LLVM sees contiguous, non-negative indices and vectorises;
+    shares of other channels may run on other threads at once.
     """
     channels, height, width = x.shape
     rows, cols = out.shape[1], out.shape[2]
