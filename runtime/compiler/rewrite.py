@@ -49,6 +49,20 @@ def _single_use(name, users, graph_outputs):
     return len(users.get(name, ())) == 1 and name not in graph_outputs
 
 
+def _convs_and_their_reader(nodes, users, graph_outputs, op_type):
+    """(i, conv, j, reader) for each Conv whose one output is read by one node only, of `op_type`
+    (and is not a graph output): the shape both folds look for."""
+    for i, conv in enumerate(nodes):
+        if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1:
+            continue
+        y = conv.outputs[0]
+        if not _single_use(y, users, graph_outputs):
+            continue
+        j = users[y][0]
+        if nodes[j].op_type == op_type and not nodes[j].domain:
+            yield i, conv, j, nodes[j]
+
+
 def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, keep=None):
     """Conv -> BatchNormalization (inference, constant parameters) becomes one Conv.
 
@@ -61,15 +75,8 @@ def fold_batchnorm(nodes, weights, graph_outputs, copied=lambda weight: None, ke
     users = _consumers(nodes)
     fused_into = {}  # index of a BatchNormalization -> replacement Conv
     dropped = set()
-    for i, conv in enumerate(nodes):
-        if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1:
-            continue
-        y = conv.outputs[0]
-        if not _single_use(y, users, graph_outputs):
-            continue
-        j = users[y][0]
-        bn = nodes[j]
-        if bn.op_type != "BatchNormalization" or bn.domain or bn.inputs[0] != y:
+    for i, conv, j, bn in _convs_and_their_reader(nodes, users, graph_outputs, "BatchNormalization"):
+        if bn.inputs[0] != conv.outputs[0]:
             continue
         if bn.attrs.get("training_mode", 0) or any(o for o in bn.outputs[1:]):
             continue
@@ -116,28 +123,22 @@ def fold_conv_bias(nodes, weights, graph_outputs, copied=lambda weight: None, ke
     keep = keep or (lambda name, make: make())
     users = _consumers(nodes)
     fused_into, dropped = {}, set()
-    for i, conv in enumerate(nodes):
-        if conv.op_type != "Conv" or conv.domain or len(conv.outputs) != 1 or len(conv.inputs) < 2:
-            continue
+    for i, conv, j, add in _convs_and_their_reader(nodes, users, graph_outputs, "Add"):
         y = conv.outputs[0]
-        if not _single_use(y, users, graph_outputs) or conv.inputs[1] not in weights:
-            continue
-        j = users[y][0]
-        add = nodes[j]
-        if add.op_type != "Add" or add.domain or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+        if len(conv.inputs) < 2 or conv.inputs[1] not in weights or len(add.inputs) != 2 or len(set(add.inputs)) < 2:
             continue
         constant = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
-        w, c = weights[conv.inputs[1]], weights.get(constant)
-        b = weights.get(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
-        if c is None or (len(conv.inputs) > 2 and conv.inputs[2] and b is None):
+        bias_name = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        w, c, b = weights[conv.inputs[1]], weights.get(constant), weights.get(bias_name) if bias_name else None
+        if c is None or (bias_name and b is None) or not _per_output_channel(c, w):
             continue
-        if not _per_output_channel(c, w) or (b is not None and (tuple(b.shape) != (w.shape[0],) or b.dtype != w.dtype)):
+        if b is not None and (tuple(b.shape) != (w.shape[0],) or b.dtype != w.dtype):
             continue
         name = "fold_conv_bias/" + "/".join(weight_identity(v) for v in (b, c)) + f"/{w.shape[0]}"
         new_b = keep(name, lambda: _bias_sum(b, c, w.shape[0], w.dtype))
         if len(users.get(constant, ())) == 1:
             copied(c)
-        if b is not None and len(users.get(conv.inputs[2], ())) == 1:
+        if b is not None and len(users.get(bias_name, ())) == 1:
             copied(b)
         b_name = f"{conv.name or y}/folded_bias"
         weights[b_name] = new_b
@@ -154,12 +155,13 @@ def _per_output_channel(c, w):
     rank, shape = len(w.shape), tuple(c.shape)
     if c.dtype != w.dtype or np.dtype(w.dtype).kind != "f" or rank < 3 or len(shape) > rank:
         return False
-    if len(shape) == rank:
+    if all(d == 1 for d in shape):  # one value in all
+        return True
+    if len(shape) == rank:  # (1, C, 1, ...): drop the batch
         if shape[0] != 1:
             return False
         shape = shape[1:]
-    return len(shape) == rank - 1 and shape[0] in (1, w.shape[0]) and all(d == 1 for d in shape[1:]) \
-        or all(d == 1 for d in shape)
+    return len(shape) == rank - 1 and shape[0] == w.shape[0] and all(d == 1 for d in shape[1:])
 
 
 def _bias_sum(b, c, channels, dtype):

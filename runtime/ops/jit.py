@@ -36,8 +36,24 @@ HARD_SWISH = 3
 
 def activation_mode(activation, dtype):
     """(mode, p0, p1, what is left to apply after, or None) of a fused activation
-    (activation.apply_activation's (op type, params), or None) for a compiled kernel."""
-    t = np.dtype(dtype).type
+    (activation.apply_activation's (op type, params), or None) for a compiled kernel.
+
+    Kernels ask on every run, for the activation their node carries: the answer is kept by the
+    activation object's identity (with the object itself, so that its id is not reused)."""
+    key = (id(activation), dtype)
+    found = _MODES.get(key)
+    if found is None or found[0] is not activation:
+        if len(_MODES) > 4096:  # sessions come and go: never more than this many kept
+            _MODES.clear()
+        found = _MODES[key] = (activation, _activation_mode(activation, np.dtype(dtype)))
+    return found[1]
+
+
+_MODES = {}
+
+
+def _activation_mode(activation, dtype):
+    t = dtype.type
     if activation is None:
         return CLAMP, t(-np.inf), t(np.inf), None
     kind, params = activation
@@ -52,12 +68,11 @@ def activation_mode(activation, dtype):
     if kind == "LeakyRelu":
         alpha = params.get("alpha")
         return LEAKY, t(0.01 if alpha is None else alpha), t(0), None
-    if kind in ("HardSigmoid", "HardSwish"):
+    if kind == "HardSwish":  # x * HardSigmoid(x) with alpha 1/6, beta 1/2
+        return HARD_SWISH, t(1 / 6), t(0.5), None
+    if kind == "HardSigmoid":
         alpha, beta = params.get("alpha"), params.get("beta")
-        if kind == "HardSwish":
-            alpha, beta = 1 / 6, 0.5
-        return ((HARD_SWISH if kind == "HardSwish" else HARD_SIGMOID), t(0.2 if alpha is None else alpha),
-                t(0.5 if beta is None else beta), None)
+        return HARD_SIGMOID, t(0.2 if alpha is None else alpha), t(0.5 if beta is None else beta), None
     return CLAMP, t(-np.inf), t(np.inf), activation
 
 
