@@ -62,8 +62,9 @@ def build_parser():
     p.add_argument("--threads", type=int, default=0, help="threads of BLAS and of the kernels' pool "
                    "(default: BLAS's own count, one per physical core for the pool)")
     p.add_argument("--no-mem-poll", action="store_true", help="do not sample RSS during phases")
-    p.add_argument("--jit", action="store_true", help="depthwise convolutions compiled by numba (needs "
-                   "nnrun[jit]; ~0.35 s and ~115 MB once per process)")
+    p.add_argument("--jit", action="store_true", help="kernels compiled by numba: depthwise convolution, a "
+                   "convolution's bias and activation, erf and GELU (needs nnrun[jit]; ~0.35 s and ~115 MB "
+                   "once per process)")
     for switch in ("fold-constants", "fold-batchnorm", "fuse-activations", "memory-aware-order",
                    "release-weights"):
         p.add_argument(f"--no-{switch}", action="store_true", help=f"turn off {switch.replace('-', ' ')}")

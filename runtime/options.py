@@ -114,9 +114,10 @@ class SessionOptions:
         # when the session is made.
         self.max_tensor_bytes = None
         self.release_weights = True  # madvise away the mapped pages of packed weights
-        # Depthwise convolutions compiled by numba (`pip install 'nnrun[jit]'`): 2-5x faster, for
-        # ~0.35 s and ~115 MB of RSS once per process (nnrun/ops/jit.py). None: as the environment
-        # variable NNRUN_JIT says (off unless 1).
+        # Kernels compiled by numba (`pip install 'nnrun[jit]'`): depthwise convolution, a
+        # convolution's bias and activation, erf and GELU, 2-10x faster, for ~0.35 s and ~115 MB
+        # of RSS once per process (nnrun/ops/jit.py). None: as the environment variable NNRUN_JIT
+        # says (off unless 1).
         self.compiled_kernels = None
         # Compiler passes to skip, by name (nnrun.compiler.passes.SWITCHABLE); the five
         # switches above are the same as naming their passes here.
