@@ -1437,6 +1437,7 @@ class PoolPlan:
     scratch_elems: int
     dtype: np.dtype
     whole: bool = False  # one window over the whole plane: a plain reduction
+    views: tuple = ()    # channels first, every window inside the image: each tap's strided slices
 
     def scratch(self):
         return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
@@ -1464,6 +1465,13 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         # One window over the whole plane (a global pool written as a windowed one): a
         # reduction, not a walk over every tap.
         return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, whole=True)
+    if layout == CHANNELS_FIRST and _inside(window):
+        # No tap reads padding: each tap's inputs are a strided view of the image, reduced straight
+        # into the output, no planes (PP-OCR's 2x2 max pool over 200x2x96: 44 -> 20 us).
+        views = tuple((slice(None),) + tuple(slice(k * d, k * d + (o - 1) * st + 1, st) for k, d, o, st in
+                                             zip(tap, window.dilations, window.out_spatial, window.strides))
+                      for tap in np.ndindex(*window.kernel))
+        return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, views=views)
     if layout == CHANNELS_FIRST:
         grid = phase_grid(window)
         per_plane = len(grid.fills) * grid.plane_size + grid.q_size
@@ -1472,6 +1480,13 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
     rest = math.prod(window.out_spatial[1:])
     tiles, _ = _channels_last_tiles(window, channels * rest * dtype.itemsize, with_taps=False)
     return PoolPlan(window, layout, kind, tiles, None, 0, divisor, 0, dtype)
+
+
+def _inside(window):
+    """Whether every tap of every output reads the image, none its padding."""
+    return all(b == 0 and (o - 1) * st + (k - 1) * d < i for b, o, st, k, d, i in
+               zip(window.pads_begin, window.out_spatial, window.strides, window.kernel, window.dilations,
+                   window.in_spatial))
 
 
 def _pool_counts(window, count_include_pad):
@@ -1511,6 +1526,14 @@ def pool(x, out, plan, scratch=None):
             whole(planes, axis=1, out=out.reshape(planes.shape[0]))
         else:
             whole(x.reshape(x.shape[0], -1, x.shape[-1]), axis=1, out=out.reshape(x.shape[0], x.shape[-1]))
+        return out
+    if plan.views:
+        planes, result = x.reshape(-1, *plan.window.in_spatial), out.reshape(-1, *plan.window.out_spatial)
+        np.copyto(result, planes[plan.views[0]])
+        for view in plan.views[1:]:
+            reduce(result, planes[view], out=result)
+        if plan.kind == "average":
+            np.divide(out, plan.divisor, out=out)
         return out
     if plan.layout == CHANNELS_FIRST:
         if scratch is None:

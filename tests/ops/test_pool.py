@@ -30,6 +30,7 @@ WINDOWS_2D = [
     {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"},
     {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "VALID"},
     {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]},
+    {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 0]},  # padding at the end no window reads
 ]
 
 
@@ -44,6 +45,7 @@ def test_pool_2d(op_type, attrs):
     {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 2, 1]},
     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
     {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 0]},
 ])
 def test_average_pool_count_include_pad(attrs):
     check_node("AveragePool", [("x", _data((1, 2, 9, 8)))], {**attrs, "count_include_pad": 1})
@@ -188,6 +190,15 @@ def test_core_channels_last(monkeypatch, kind, op_type, attrs):
     out = np.full((2, *window.out_spatial, 3), np.nan, np.float32)
     conv_core.pool(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), out, plan)
     assert_close(out.transpose(0, 3, 1, 2), expected)
+
+
+def test_a_window_inside_the_image_pools_straight_from_it():
+    def plan(**window):
+        return conv_core.pool_plan(conv_core.make_window((11, 10), **window), "max", 3)
+    assert plan(kernel=(2, 2), strides=(2, 2)).views  # every tap a strided view of the image
+    assert plan(kernel=(3, 2), strides=(2, 3), dilations=(2, 1)).views
+    assert not plan(kernel=(3, 3), strides=(2, 2), pads=[1, 1, 1, 1]).views  # padding: phase planes
+    assert not plan(kernel=(3, 3), strides=(2, 2), pads=[0, 0, 1, 1]).views  # the last window reads it
 
 
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
