@@ -916,11 +916,14 @@ class CompiledChannelsLast:
 # The compiled kernel sums a channel's flat plane; below this many sums per channel, with more
 # channels than that, numpy's channels-last path (one pass per tap over all channels) is as fast.
 COMPILED_MIN_ROW = 128
-# Images of at most this many output pixels (MobileNet's 14x14 and 7x7 layers) are convolved
-# channels last: a channels-first kernel's rows are too short to vectorise there. Measured, one
-# thread, HardSwish fused: 960x7x7 3x3 260 -> 115 us, 512x7x7 5x5 324 -> 92 us, 576x14x14 3x3
-# 280 -> 221 us; at 28x28 the channels-first kernel is faster (192 channels: 220 against 275 us).
+# Images of at most this many output pixels in rows of at most this many (MobileNet's 14x14 and
+# 7x7 layers) are convolved channels last: a channels-first kernel's rows are too short to
+# vectorise there. Measured, one thread, HardSwish fused: 960x7x7 3x3 260 -> 115 us, 512x7x7 5x5
+# 324 -> 92 us, 576x14x14 3x3 280 -> 221 us; at 28x28 the channels-first kernel is faster (192
+# channels: 220 against 275 us), and so it is for a few long rows (PP-OCR's classifier, 200
+# channels of 2x96, 5x5: 86 against 124 us; 104 of 3x96 -> 2x96: 53 against 70 us).
 CHANNELS_LAST_MAX_PIXELS = 196
+CHANNELS_LAST_MAX_WIDTH = 14
 
 
 def _compiled_depthwise(window, channels, multiplier, dtype):
@@ -932,7 +935,8 @@ def _compiled_depthwise(window, channels, multiplier, dtype):
         window = Window((1,) + window.in_spatial, (1,) + window.out_spatial, (1,) + window.kernel,
                         (1,) + window.strides, (1,) + window.dilations, (0,) + window.pads_begin,
                         (0,) + window.pads_end)
-    if multiplier == 1 and math.prod(window.out_spatial) <= CHANNELS_LAST_MAX_PIXELS:
+    if (multiplier == 1 and math.prod(window.out_spatial) <= CHANNELS_LAST_MAX_PIXELS
+            and window.out_spatial[-1] <= CHANNELS_LAST_MAX_WIDTH):
         kernel = jit.depthwise_channels_last_kernel(dtype)
         if kernel is None:
             return None

@@ -89,6 +89,8 @@ def test_which_compiled_depthwise_kernel_serves_which_layer(monkeypatch):
     assert isinstance(_depthwise_plan(192, 28), conv_core.CompiledDepthwise)
     assert isinstance(_depthwise_plan(384, 14), conv_core.CompiledChannelsLast)  # small images: channels last
     assert isinstance(_depthwise_plan(960, 7), conv_core.CompiledChannelsLast)
+    few_long_rows = conv_core.make_window((2, 96), (5, 5), pads=[2] * 4)  # 192 pixels, rows of 96
+    assert isinstance(conv_core.conv_plan(few_long_rows, 200, 200, 200).tiles, conv_core.CompiledDepthwise)
     window = conv_core.make_window((7, 7), (3, 3), pads=[1] * 4)
     assert isinstance(conv_core.conv_plan(window, 8, 16, 8).tiles, conv_core.CompiledDepthwise)  # 2 outputs each
     monkeypatch.setattr(conv_core, "CHANNELS_LAST_MAX_PIXELS", 0)
