@@ -122,6 +122,7 @@ def fold_conv_bias(nodes, weights, graph_outputs, copied=lambda weight: None, ke
     in fold_batchnorm."""
     keep = keep or (lambda name, make: make())
     users = _consumers(nodes)
+    producers = {name: node for node in nodes for name in node.outputs}
     fused_into, dropped = {}, set()
     for i, conv, j, add in _convs_and_their_reader(nodes, users, graph_outputs, "Add"):
         y = conv.outputs[0]
@@ -129,7 +130,8 @@ def fold_conv_bias(nodes, weights, graph_outputs, copied=lambda weight: None, ke
             continue
         constant = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
         bias_name = conv.inputs[2] if len(conv.inputs) > 2 else ""
-        w, c, b = weights[conv.inputs[1]], weights.get(constant), weights.get(bias_name) if bias_name else None
+        c = weights[constant] if constant in weights else _reshaped_weight(producers.get(constant), weights)
+        w, b = weights[conv.inputs[1]], weights.get(bias_name) if bias_name else None
         if c is None or (bias_name and b is None) or not _per_output_channel(c, w):
             continue
         if b is not None and (tuple(b.shape) != (w.shape[0],) or b.dtype != w.dtype):
@@ -162,6 +164,22 @@ def _per_output_channel(c, w):
             return False
         shape = shape[1:]
     return len(shape) == rank - 1 and shape[0] == w.shape[0] and all(d == 1 for d in shape[1:])
+
+
+def _reshaped_weight(node, weights):
+    """The value of a Reshape of a weight by a constant shape (Paddle writes a squeeze-excite
+    block's biases so, (C,) into (1, C, 1, 1)), or None. A shape that copies a dimension (0) or does
+    not fit is left to the Reshape kernel, which names what is wrong."""
+    if node is None or node.op_type != "Reshape" or node.domain or len(node.inputs) != 2 \
+            or not all(name in weights for name in node.inputs):
+        return None
+    data, shape = (weight_array(weights[name]) for name in node.inputs)
+    if shape.ndim != 1 or shape.dtype != np.int64 or data.size > 1 << 16 or np.any(shape == 0):
+        return None
+    try:
+        return data.reshape(tuple(int(d) for d in shape))
+    except ValueError:
+        return None
 
 
 def _bias_sum(b, c, channels, dtype):

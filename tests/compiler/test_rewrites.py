@@ -419,6 +419,29 @@ def test_what_only_looks_like_a_bias_add_is_left_alone(change):
     assert "Add" in [s.op_type for s in sess._last.steps]
 
 
+@pytest.mark.parametrize("shape, folds", [
+    ([1, 4, 1, 1], True),      # Paddle's squeeze-excite bias: (C,) reshaped as the output's channels
+    ([1, -1, 1, 1], True),     # the same, the channels inferred
+    ([0, 4, 1, 1], False),     # a 0 copies the input's dimension: left to the Reshape kernel
+    ([4, 1, 1], True),         # (C, 1, 1)
+])
+def test_a_bias_reshaped_from_a_constant_is_folded_too(shape, folds):
+    r = rng(7)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["offset", "shape"], ["bias"]),
+             helper.make_node("Add", ["conv", "bias"], ["s"]),
+             helper.make_node("HardSigmoid", ["s"], ["y"], alpha=0.2, beta=0.5)]
+    offset = r.standard_normal(4).astype(np.float32) if shape[0] != 0 else r.standard_normal((1, 4)).astype(np.float32)
+    inits = [("w", r.standard_normal((4, 3, 3, 3)).astype(np.float32)), ("offset", offset),
+             ("shape", np.array(shape, np.int64))]
+    model = make_model(nodes, [("x", np.zeros((1, 3, 6, 5), np.float32))], [("y", None)], inits)
+    x = rng(9).standard_normal((1, 3, 6, 5)).astype(np.float32)
+    check_model(model, {"x": x}, rtol=1e-5)
+    sess = session(model)
+    sess.run(None, {"x": x})
+    assert [s.op_type for s in sess._last.steps] == (["Conv"] if folds else ["Conv", "Add"])
+
+
 # --- drop_identities ------------------------------------------------------------------------------
 
 def pass_through_model():
