@@ -1472,10 +1472,13 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
     if layout == CHANNELS_FIRST and _inside(window):
         # No tap reads padding: each tap's inputs are a strided view of the image, reduced straight
         # into the output, no planes (PP-OCR's 2x2 max pool over 200x2x96: 44 -> 20 us).
+        # Planes go through all taps a block at a time, while they are in cache (U-Net's first 2x2
+        # pool, 64 planes of 256x256: 8.4 -> 4.0 ms).
         views = tuple((slice(None),) + tuple(slice(k * d, k * d + (o - 1) * st + 1, st) for k, d, o, st in
                                              zip(tap, window.dilations, window.out_spatial, window.strides))
                       for tap in np.ndindex(*window.kernel))
-        return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, views=views)
+        block = _block_size(batch * channels, math.prod(window.in_spatial), dtype, 2 * CACHE_TILE)
+        return PoolPlan(window, layout, kind, (), None, block, divisor, 0, dtype, views=views)
     if layout == CHANNELS_FIRST:
         grid = phase_grid(window)
         per_plane = len(grid.fills) * grid.plane_size + grid.q_size
@@ -1533,9 +1536,11 @@ def pool(x, out, plan, scratch=None):
         return out
     if plan.views:
         planes, result = x.reshape(-1, *plan.window.in_spatial), out.reshape(-1, *plan.window.out_spatial)
-        np.copyto(result, planes[plan.views[0]])
-        for view in plan.views[1:]:
-            reduce(result, planes[view], out=result)
+        for b0 in range(0, planes.shape[0], plan.block):
+            image, block = planes[b0:b0 + plan.block], result[b0:b0 + plan.block]
+            np.copyto(block, image[plan.views[0]])
+            for view in plan.views[1:]:
+                reduce(block, image[view], out=block)
         if plan.kind == "average":
             np.divide(out, plan.divisor, out=out)
         return out
