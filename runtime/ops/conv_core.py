@@ -1481,7 +1481,7 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         return PoolPlan(window, layout, kind, (), None, block, divisor, 0, dtype, views=views)
     if layout == CHANNELS_FIRST:
         grid = phase_grid(window)
-        per_plane = len(grid.fills) * grid.plane_size + grid.q_size
+        per_plane = (len(grid.fills) + 1) * grid.plane_size
         block = _block_size(batch * channels, per_plane, dtype, scratch_limit)
         return PoolPlan(window, layout, kind, (), grid, block, divisor, per_plane * block, dtype)
     rest = math.prod(window.out_spatial[1:])
@@ -1578,15 +1578,20 @@ def _pool_planes(x, out, plan, scratch, reduce, empty):
         b = b1 - b0
         phases = len(grid.fills) * b * grid.plane_size
         planes = scratch[:phases].reshape(len(grid.fills), b, grid.plane_size)
-        acc = scratch[phases:phases + b * grid.q_size].reshape(b, grid.q_size)
+        acc = scratch[phases:phases + b * grid.plane_size].reshape(b, grid.plane_size)
         _fill_planes(planes, x[b0:b1], grid, empty)
+        # Each tap is one flat pass over the block's planes, the accumulator as far apart as the
+        # planes: what falls between two planes' sums is never read. As (planes, sums) it was a
+        # short inner loop per plane (512 planes of 14x14, nine taps: 218 -> 115 us).
+        span = (b - 1) * grid.plane_size + grid.q_size
+        sums = acc.reshape(-1)[:span]
         for t, (p, offset) in enumerate(grid.taps):
-            shifted = planes[p, :, offset:offset + grid.q_size]
+            shifted = planes[p].reshape(-1)[offset:offset + span]
             if t == 0:
-                np.copyto(acc, shifted)
+                np.copyto(sums, shifted)
             else:
-                reduce(acc, shifted, out=acc)
-        result = acc.reshape(b, *grid.q_shape)[(full,) + grid.out_index]
+                reduce(sums, shifted, out=sums)
+        result = acc[:, :grid.q_size].reshape(b, *grid.q_shape)[(full,) + grid.out_index]
         if plan.kind == "average":
             np.divide(result, plan.divisor, out=out[b0:b1])
         else:
