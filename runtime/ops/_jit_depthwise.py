@@ -12,6 +12,9 @@ the copy into the output.
 a channel's rows are too short to vectorise (a loop of 14 runs scalar), so the image is copied
 channels last and each output pixel sums its taps vectorised along the channels.
 
+`depthwise_nhwc`, an image that is channels last already (TFLite's layout): the same sums, no
+copies but the padding's (`pad_channels_last`).
+
 Both release the GIL, so the kernels' pool runs channel ranges of one convolution on several
 threads.
 
@@ -300,3 +303,60 @@ def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channe
         j += group
         at += group * tap_step
         w_at += group * channels
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def pad_channels_last(x, padded, padded_h, padded_w, pad_top, pad_left):
+    """padded (padded_h * padded_w * C,) <- x (H, W, C) with its top-left corner at (pad_top,
+    pad_left), the border zero: each image row is one contiguous run. Only the border and the
+    image are written (scratch is shared with other steps)."""
+    height, width, channels = x.shape
+    zero = x.dtype.type(0)
+    row_len = padded_w * channels
+    for h in range(padded_h):
+        line = padded[h * row_len:(h + 1) * row_len]
+        if pad_top <= h < pad_top + height:
+            left, inside = pad_left * channels, width * channels
+            for k in range(left):
+                line[k] = zero
+            for k in range(left + inside, row_len):
+                line[k] = zero
+            dst = line[left:left + inside]
+            src = x[h - pad_top].reshape(-1)
+            for k in range(inside):
+                dst[k] = src[k]
+        else:
+            for k in range(row_len):
+                line[k] = zero
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def depthwise_nhwc(padded, w, bias, has_bias, out, padded_w, kernel_h, kernel_w, stride_h, stride_w,
+                   dilation_h, dilation_w, mode, p0, p1, r0, r1):
+    """Output rows [r0, r1) of a depthwise convolution whose image and output are both channels
+    last (one output per channel): out (OH, OW, C) from the padded image (pad_channels_last; the
+    image itself when unpadded), w (taps * C,) tap-major. Each pixel's C sums are made over its taps
+    vectorised along the channels, kernel row by kernel row (_row_taps), then the bias and the
+    activation; no copy in or out. Shares of other rows may run on other threads at once."""
+    rows, cols, channels = out.shape
+    flat = out.reshape(-1)
+    zero = out.dtype.type(0)
+    one = out.dtype.type(1)
+    row_len = cols * channels
+    for r in range(r0, r1):
+        row = r * row_len
+        sums = flat[row:row + row_len]
+        for k in range(row_len):
+            sums[k] = zero
+        for i in range(kernel_h):
+            at = (r * stride_h + i * dilation_h) * padded_w * channels
+            _row_taps(padded, w, flat, at, row, cols, stride_w * channels, dilation_w * channels,
+                      i * kernel_w * channels, channels, kernel_w, channels)
+        for q in range(cols):
+            acc = sums[q * channels:(q + 1) * channels]
+            if has_bias:
+                for c in range(channels):
+                    acc[c] = activate(acc[c] + bias[c], mode, p0, p1, zero, one)
+            else:
+                for c in range(channels):
+                    acc[c] = activate(acc[c], mode, p0, p1, zero, one)

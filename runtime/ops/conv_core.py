@@ -344,7 +344,7 @@ def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FI
     """Choose the path of a convolution and tile it; raises ValueError on inconsistent channels."""
     plan = _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit)
     # A compiled depthwise convolution writes its own bias and activation.
-    compiled = isinstance(plan.tiles, (CompiledDepthwise, CompiledChannelsLast))
+    compiled = isinstance(plan.tiles, (CompiledDepthwise, CompiledChannelsLast, CompiledNHWC))
     epilogue = jit.epilogue_kernel(dtype) if not compiled else None
     return plan if epilogue is None else replace(plan, epilogue=epilogue)
 
@@ -913,6 +913,35 @@ class CompiledChannelsLast:
     result_elems: int
 
 
+@dataclass(frozen=True, eq=False)
+class CompiledNHWC:
+    """Channels last, 2-D, one output per input channel, with numba: the image padded (when the
+    window pads it) row by row, each output pixel's sums vectorised along the channels
+    (_jit_depthwise.depthwise_nhwc); output rows in ranges, one per thread of the run for a large
+    convolution."""
+    pad: object
+    kernel: object
+    padded: tuple | None  # (rows, columns) of the padded image; None: the image as it is
+    padded_elems: int
+
+
+def _compiled_nhwc(window, channels, dtype, scratch_limit):
+    """The CompiledNHWC of a 2-D window, or None when numba's kernels do not serve it or its
+    padded image would not fit the scratch limit."""
+    if len(window.in_spatial) != 2:
+        return None
+    kernels = jit.depthwise_nhwc_kernels(dtype)
+    if kernels is None:
+        return None
+    padded = None
+    if any(window.pads_begin) or any(window.pads_end):
+        padded, _ = _padded_image(window)
+    elems = math.prod(padded) * channels if padded is not None else 0
+    if elems * dtype.itemsize > scratch_limit:
+        return None
+    return CompiledNHWC(*kernels, padded, elems)
+
+
 # The compiled kernel sums a channel's flat plane; below this many sums per channel, with more
 # channels than that, numpy's channels-last path (one pass per tap over all channels) is as fast.
 COMPILED_MIN_ROW = 128
@@ -1005,6 +1034,9 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
         return ConvPlan(window, layout, c, c_out, c, "depthwise", TransposedDepthwise(padded, inside, tiles),
                         images, dtype)
     # Channels last: a tap's window is (rows, width*channels), long contiguous runs already.
+    compiled = _compiled_nhwc(window, c, dtype, scratch_limit) if multiplier == 1 else None
+    if compiled is not None:
+        return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled, compiled.padded_elems, dtype)
     tiles, per_tile = _channels_last_tiles(window, c_out * rest * dtype.itemsize, with_taps=True)
     return ConvPlan(window, layout, c, c_out, c, "depthwise", tiles, c_out * rest * per_tile, dtype)
 
@@ -1062,6 +1094,8 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
         return _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, CompiledChannelsLast):
         return _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation)
+    if isinstance(plan.tiles, CompiledNHWC):
+        return _depthwise_nhwc(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, DepthwisePlan):
         return _depthwise_planes(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, TransposedDepthwise):
@@ -1131,6 +1165,36 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
         parallel.current().run(share, len(shares))  # inline when there is one
     if after is not None:
         _bias_activation(out, None, after, CHANNELS_FIRST)
+    return out
+
+
+def _depthwise_nhwc(x, w_taps, bias, out, plan, scratch, activation):
+    """The compiled kernel of a channels-last image (CompiledNHWC): x (N, H, W, C), out (N, OH, OW, C);
+    output rows in ranges on the run's threads when large."""
+    how, window = plan.tiles, plan.window
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
+    has_bias = bias is not None
+    w = w_taps.reshape(-1)  # tap-major (taps * C): contiguous, as packed
+    bias = np.ascontiguousarray(bias) if has_bias else w  # any array of the dtype when there is none
+    rows = window.out_spatial[0]
+    parts = max(1, min(parallel.current().threads, out[0].size * window.taps // COMPILED_SHARE))
+    shares = parallel.ranges(rows, parts)
+    padded_w = how.padded[1] if how.padded is not None else window.in_spatial[1]
+    geometry = (*window.kernel, *window.strides, *window.dilations)
+    for n in range(out.shape[0]):
+        x_n = np.ascontiguousarray(x[n])
+        if how.padded is not None:
+            image = scratch[:how.padded_elems]
+            how.pad(x_n, image, *how.padded, *window.pads_begin)
+        else:
+            image = x_n.reshape(-1)
+        out_n = out[n]
+
+        def share(i):
+            how.kernel(image, w, bias, has_bias, out_n, padded_w, *geometry, mode, p0, p1, *shares[i])
+        parallel.current().run(share, len(shares))  # inline when there is one
+    if after is not None:
+        _bias_activation(out, None, after, CHANNELS_LAST)
     return out
 
 

@@ -112,6 +112,12 @@ def depthwise_channels_last_kernel(dtype):
     return _kernel("depthwise_channels_last", dtype)
 
 
+def depthwise_nhwc_kernels(dtype):
+    """(pad, convolve): the compiled depthwise convolution of a channels-last image
+    (_jit_depthwise.pad_channels_last, depthwise_nhwc), as depthwise_kernel."""
+    return _kernel("depthwise_nhwc", dtype)
+
+
 def epilogue_kernel(dtype):
     """The compiled bias and activation (_jit_activation.bias_activation) for `dtype`, as
     depthwise_kernel."""
@@ -177,6 +183,20 @@ def _check_depthwise_channels_last(dtype):
     return depthwise_channels_last
 
 
+def _check_depthwise_nhwc(dtype):
+    from ._jit_depthwise import depthwise_nhwc, pad_channels_last
+
+    # A 1x1 image of one channel through a 3x3 window, padded: only the centre tap reads it.
+    padded = np.full(9, np.nan, dtype)
+    pad_channels_last(np.full((1, 1, 1), 2, dtype), padded, 3, 3, 1, 1)
+    out = np.empty((1, 1, 1), dtype)
+    lo, hi = dtype.type(-np.inf), dtype.type(np.inf)
+    depthwise_nhwc(padded, np.arange(9, dtype=dtype), np.zeros(1, dtype), True, out, 3, 3, 3, 1, 1, 1, 1,
+                   CLAMP, lo, hi, 0, 1)
+    _expect("depthwise (channels last image)", out[0, 0, 0], 8)
+    return pad_channels_last, depthwise_nhwc
+
+
 def _check_epilogue(dtype):
     from ._jit_activation import bias_activation
 
@@ -206,6 +226,7 @@ def _expect(what, got, wanted):
 
 
 _SELF_CHECKS = {"depthwise": _check_depthwise, "depthwise_channels_last": _check_depthwise_channels_last,
+                "depthwise_nhwc": _check_depthwise_nhwc,
                 "epilogue": _check_epilogue, "erf": _check_elementwise("erf"), "gelu": _check_elementwise("gelu")}
 
 

@@ -499,7 +499,7 @@ def test_conv_transpose_many_tiles(monkeypatch):
                                      "pads": [4, 1, 3, 0]}),
     ((2, 8, 7, 7), (6, 8, 1, 1), {}),
 ])
-def test_core_channels_last(monkeypatch, x_shape, w_shape, attrs):
+def test_core_channels_last(monkeypatch, x_shape, w_shape, attrs, kernels):
     monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 256)
     monkeypatch.setattr(conv_core, "CACHE_TILE", 256)
     x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
@@ -509,6 +509,8 @@ def test_core_channels_last(monkeypatch, x_shape, w_shape, attrs):
     window = conv_core.make_window(x_shape[2:], w_shape[2:], attrs.get("strides"), attrs.get("dilations"),
                                    attrs.get("pads"))
     plan = conv_core.conv_plan(window, x_shape[1], w_shape[0], group, np.float32, conv_core.CHANNELS_LAST)
+    if group == x_shape[1] == w_shape[0] and kernels != "numpy":
+        assert isinstance(plan.tiles, conv_core.CompiledNHWC)
     x_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     out = np.full((x_shape[0], *window.out_spatial, w_shape[0]), np.nan, np.float32)
     scratch = np.full(plan.scratch_elems, np.nan, np.float32)
