@@ -94,12 +94,15 @@ def test_pool_opsets(op_type, opset):
     check_node(op_type, [("x", _data((2, 3, 9, 8)))], attrs, opset=opset)
 
 
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 2, 0], "ceil_mode": 1},  # phase planes
+    {"kernel_shape": [2, 3], "strides": [2, 2]},                                        # views of the image
+])
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
-def test_pool_many_tiles(monkeypatch, op_type):
+def test_pool_many_tiles(monkeypatch, op_type, attrs):
     # One plane per chunk, and row tiles of one row in the channels-last path.
     monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 16)
     monkeypatch.setattr(conv_core, "CACHE_TILE", 16)
-    attrs = {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 2, 0], "ceil_mode": 1}
     check_node(op_type, [("x", _data((2, 2, 11, 9)))], attrs)
 
 
