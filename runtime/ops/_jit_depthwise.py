@@ -188,6 +188,38 @@ def _sum_taps(planes, w, offsets, acc):
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _output_row(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padded_w, kernel_h, kernel_w,
+                stride_h, stride_w, dilation_h, dilation_w, mode, p0, p1):
+    """Output row r of a channels-last depthwise convolution, channels [c0, c0 + n) of each of its
+    `cols` pixels (at result[(r * cols + q) * channels + c0:][:n]), from the padded image channels
+    last (padded_w pixels of `channels` a row): its sums, then the bias and the activation."""
+    if kernel_h == 3 and kernel_w == 3:
+        _nine_taps(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padded_w, stride_h, stride_w,
+                   dilation_h, dilation_w, mode, p0, p1)
+        return
+    zero = result.dtype.type(0)
+    one = result.dtype.type(1)
+    row = r * cols * channels + c0  # the row's first sums
+    for q in range(cols):
+        acc = result[row + q * channels:row + q * channels + n]
+        for c in range(n):
+            acc[c] = zero
+    for i in range(kernel_h):
+        at = (r * stride_h + i * dilation_h) * padded_w * channels + c0
+        _row_taps(padded, w, result, at, row, cols, stride_w * channels, dilation_w * channels,
+                  i * kernel_w * channels + c0, channels, kernel_w, n)
+    b = bias[c0:c0 + n] if has_bias else result[row:row + n]
+    for q in range(cols):
+        acc = result[row + q * channels:row + q * channels + n]
+        if has_bias:
+            for c in range(n):
+                acc[c] = activate(acc[c] + b[c], mode, p0, p1, zero, one)
+        else:
+            for c in range(n):
+                acc[c] = activate(acc[c], mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _nine_taps(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padded_w, stride_h, stride_w,
                dilation_h, dilation_w, mode, p0, p1):
     """Output row r of a 3x3 window, channels [c0, c0 + n) of each of its `cols` pixels (at
@@ -238,8 +270,8 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
 
     The image is copied channels last into `padded` (padded_h * padded_w * C, zero border); each
     output pixel's C sums are made over its taps vectorised along the channels (a channels-first
-    kernel's rows are here too short to vectorise), an output row at a time, kernel row by kernel
-    row (_row_taps), into `result` (OH * OW * C), then copied back channels first. Flat buffers
+    kernel's rows are here too short to vectorise), an output row at a time (_output_row), into
+    `result` (OH * OW * C), then copied back channels first. Flat buffers
     and slices from zero, so that LLVM sees contiguous, non-negative indices and vectorises;
     shares of other channels may run on other threads at once.
     """
@@ -247,7 +279,6 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
     rows, cols = out.shape[1], out.shape[2]
     n = c1 - c0
     zero = x.dtype.type(0)
-    one = x.dtype.type(1)
     for h in range(padded_h):  # the border; scratch is shared with other steps
         inside = pad_top <= h < pad_top + height
         for v in range(padded_w):
@@ -266,28 +297,8 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
                 for c in range(m):
                     cell[c] = image[c, h, v]
     for r in range(rows):
-        row = r * cols * channels + c0  # the row's first sums in `result`
-        if kernel_h == 3 and kernel_w == 3:
-            _nine_taps(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padded_w, stride_h, stride_w,
-                       dilation_h, dilation_w, mode, p0, p1)
-            continue
-        for q in range(cols):
-            acc = result[row + q * channels:row + q * channels + n]
-            for c in range(n):
-                acc[c] = zero
-        for i in range(kernel_h):
-            at = (r * stride_h + i * dilation_h) * padded_w * channels + c0
-            _row_taps(padded, w, result, at, row, cols, stride_w * channels, dilation_w * channels,
-                      i * kernel_w * channels + c0, channels, kernel_w, n)
-        b = bias[c0:c1]
-        for q in range(cols):
-            acc = result[row + q * channels:row + q * channels + n]
-            if has_bias:
-                for c in range(n):
-                    acc[c] = activate(acc[c] + b[c], mode, p0, p1, zero, one)
-            else:
-                for c in range(n):
-                    acc[c] = activate(acc[c], mode, p0, p1, zero, one)
+        _output_row(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padded_w, kernel_h, kernel_w,
+                    stride_h, stride_w, dilation_h, dilation_w, mode, p0, p1)
     for b0 in range(c0, c1, BLOCK):
         m = min(BLOCK, c1 - b0)
         image = out[b0:b0 + m]
@@ -378,31 +389,9 @@ def depthwise_nhwc(padded, w, bias, has_bias, out, padded_w, kernel_h, kernel_w,
     """Output rows [r0, r1) of a depthwise convolution whose image and output are both channels
     last (one output per channel): out (OH, OW, C) from the padded image (pad_channels_last; the
     image itself when unpadded), w (taps * C,) tap-major. Each pixel's C sums are made over its taps
-    vectorised along the channels, kernel row by kernel row (_row_taps), then the bias and the
-    activation; no copy in or out. Shares of other rows may run on other threads at once."""
-    rows, cols, channels = out.shape
-    flat = out.reshape(-1)
-    zero = out.dtype.type(0)
-    one = out.dtype.type(1)
-    row_len = cols * channels
+    vectorised along the channels (_output_row), then the bias and the activation; no copy in or
+    out. Shares of other rows may run on other threads at once."""
+    cols, channels = out.shape[1], out.shape[2]
     for r in range(r0, r1):
-        if kernel_h == 3 and kernel_w == 3:
-            _nine_taps(padded, w, bias, has_bias, flat, r, cols, channels, 0, channels, padded_w, stride_h, stride_w,
-                       dilation_h, dilation_w, mode, p0, p1)
-            continue
-        row = r * row_len
-        sums = flat[row:row + row_len]
-        for k in range(row_len):
-            sums[k] = zero
-        for i in range(kernel_h):
-            at = (r * stride_h + i * dilation_h) * padded_w * channels
-            _row_taps(padded, w, flat, at, row, cols, stride_w * channels, dilation_w * channels,
-                      i * kernel_w * channels, channels, kernel_w, channels)
-        for q in range(cols):
-            acc = sums[q * channels:(q + 1) * channels]
-            if has_bias:
-                for c in range(channels):
-                    acc[c] = activate(acc[c] + bias[c], mode, p0, p1, zero, one)
-            else:
-                for c in range(channels):
-                    acc[c] = activate(acc[c], mode, p0, p1, zero, one)
+        _output_row(padded, w, bias, has_bias, out.reshape(-1), r, cols, channels, 0, channels, padded_w, kernel_h,
+                    kernel_w, stride_h, stride_w, dilation_h, dilation_w, mode, p0, p1)
