@@ -1517,6 +1517,7 @@ class PoolPlan:
     dtype: np.dtype
     whole: bool = False  # one window over the whole plane: a plain reduction
     views: tuple = ()    # channels first, every window inside the image: each tap's strided slices
+                         # (of `block` planes at a time)
 
     def scratch(self):
         return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
