@@ -208,7 +208,7 @@ def _output_row(padded, w, bias, has_bias, result, r, cols, channels, c0, n, pad
         at = (r * stride_h + i * dilation_h) * padded_w * channels + c0
         _row_taps(padded, w, result, at, row, cols, stride_w * channels, dilation_w * channels,
                   i * kernel_w * channels + c0, channels, kernel_w, n)
-    b = bias[c0:c0 + n] if has_bias else result[row:row + n]
+    b = bias[c0:c0 + n] if has_bias else result[row:row + n]  # (without a bias: any slice of the type)
     for q in range(cols):
         acc = result[row + q * channels:row + q * channels + n]
         if has_bias:
