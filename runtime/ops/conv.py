@@ -58,12 +58,15 @@ class Conv(_ConvBase):
             self.fail(str(e))
         return Inferred([TensorInfo((x.shape[0], w.shape[0], *window.out_spatial), x.dtype)], window=window)
 
-    w_taps = None  # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
+    w_taps = None     # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
+    w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
 
     def prepare(self, x, w, b=None):
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
         if self.plan.method == "depthwise" and w.value is not None:
             self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(w.value, self.plan))
+        elif self.plan.method == "gemm-shifted" and w.value is not None:
+            self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(w.value, self.plan))
         return self.plan.scratch()
 
     def run(self, x, w, b=None, *, outs, scratch=(), stream=None):
@@ -76,15 +79,19 @@ class Conv(_ConvBase):
         if self.w_taps is not None:
             conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation)
         else:
-            conv_core.conv(x, w, b, out, plan, scratch, activation, stream)
+            conv_core.conv(x, self.w_shifted if self.w_shifted is not None else w, b, out, plan, scratch,
+                           activation, stream)
 
     def band_granule(self):
         return 1 if bands.windowed(self.window) else 0
 
     def band(self, r0, r1, scratch_limit, plans=None):
         a, b, window = bands.window_band(self.window, r0, r1)
-        plan = bands.cached(plans, (window, scratch_limit), lambda: conv_core.conv_plan(
-            window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype, scratch_limit=scratch_limit))
+        # A weight packed for shifted GEMMs is only that: every band runs them.
+        shifted = self.w_shifted is not None
+        plan = bands.cached(plans, (window, scratch_limit, shifted), lambda: conv_core.conv_plan(
+            window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype, scratch_limit=scratch_limit,
+            shifted=shifted))
 
         def run(args, out, scratch):
             self._conv(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch)

@@ -473,12 +473,19 @@ def windows(batch=2):
     return make_model(nodes, [("x", (np.float32, [batch, 3, 96, 96]))], [("y", None)], inits)
 
 
-@pytest.mark.parametrize("name", ["unet", "windows"])
+@pytest.mark.parametrize("name", ["unet", "windows", "windows shifted"])
 def test_activations_larger_than_the_budget_live_in_the_file_and_their_steps_run_in_bands(
         tmp_path, monkeypatch, name):
     """A third and a sixth of the unbudgeted arena: the largest activations live in the spill file
-    and the steps around them run in bands of rows; outputs as onnxruntime's and the unbudgeted run's."""
+    and the steps around them run in bands of rows; outputs as onnxruntime's and the unbudgeted run's.
+    U-Net's larger convolutions and the windows' c4 run as shifted GEMMs, each band too; "windows
+    shifted": c1 as well, though it has 3 input channels."""
     from nnrun_tools.build_models import make
+    from nnrun.ops import conv_core
+
+    if name == "windows shifted":
+        for limit in ("SHIFTED_MIN_PIXELS", "SHIFTED_MIN_CHANNELS", "SHIFTED_MIN_OUT_CHANNELS"):
+            monkeypatch.setattr(conv_core, limit, 0)
 
     spill_dir = tmp_path / "spill"
     spill_dir.mkdir()
@@ -492,6 +499,9 @@ def test_activations_larger_than_the_budget_live_in_the_file_and_their_steps_run
     free_session = session(tmp_path, model, name=f"{name}.onnx")
     free = free_session.run(None, feeds)[0]
     assert_close(free, run_onnxruntime(model, feeds)[0])
+    shifted = {s.kernel.node.name for s in free_session.plan().steps
+               if getattr(getattr(s.kernel, "plan", None), "method", None) == "gemm-shifted"}
+    assert shifted == {"windows": {"c4"}, "windows shifted": {"c1", "c4"}}.get(name, shifted) and shifted
     arena = free_session.plan().arena_bytes
     for budget in (arena // 3, arena // 6):
         sess = session(tmp_path, model, budget, name=f"{name}.onnx")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from compiled import needs_numba
 from oracle import (FLOAT16_RTOL, assert_close, check_model, check_node, helper, make_model, rng, run_nnrun,
-                    run_onnxruntime)
+                    run_onnxruntime, run_reference)
 
 import nnrun
 from nnrun import ir
@@ -52,17 +52,30 @@ CONV_2D = [
 ]
 
 
-@pytest.fixture(params=["windows", "windows strided", "per tap"])
+@pytest.fixture(params=["windows", "windows strided", "per tap", "shifted"])
 def im2col(request, monkeypatch):
     """Every way small convolutions build their columns: a gather by an index made at PREPARE (the
     smallest), one strided copy of every window (what they take), and a copy per tap (what larger
-    ones take)."""
+    ones take); and none at all, a GEMM per tap over shifted rows, which large 2-D stride-1 ones
+    take (the others a copy per tap)."""
     if request.param == "windows strided":
         monkeypatch.setattr(conv_core, "GATHER_ELEMS", 0)
-    if request.param == "per tap":
+    if request.param in ("per tap", "shifted"):
         monkeypatch.setattr(conv_core, "WINDOW_COPY_ELEMS", 0)
         monkeypatch.setattr(conv_core, "WINDOW_COPY_TAPS", 1 << 30)
+    if request.param == "shifted":
+        assert conv_core.blas.kernel(np.float32) is not None, "numpy's BLAS has no GEMM nnrun can call"
+        _shift_everything(monkeypatch)
+    else:
+        monkeypatch.setattr(conv_core, "SHIFTED_MIN_PIXELS", 1 << 60)
     return request.param
+
+
+def _shift_everything(monkeypatch):
+    """Every 2-D stride-1 convolution of one group runs as shifted GEMMs, however small."""
+    monkeypatch.setattr(conv_core, "SHIFTED_MIN_PIXELS", 0)
+    monkeypatch.setattr(conv_core, "SHIFTED_MIN_CHANNELS", 0)
+    monkeypatch.setattr(conv_core, "SHIFTED_MIN_OUT_CHANNELS", 0)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", CONV_2D)
@@ -315,6 +328,113 @@ def test_conv_many_tiles(monkeypatch, attrs, w_shape):
     monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 64)
     monkeypatch.setattr(conv_core, "CACHE_TILE", 64)
     _conv_case((2, 3, 11, 9), w_shape, attrs)
+
+
+SHIFTED_CASES = [
+    # (x shape, w shape, attributes): 2-D, stride 1, one group
+    ((2, 5, 13, 11), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 4, 12, 10), (3, 4, 5, 3), {"pads": [2, 0, 1, 2], "dilations": [1, 2]}),
+    ((1, 3, 11, 9), (4, 3, 2, 2), {"pads": [0, 0, 1, 1], "dilations": [2, 1]}),
+    ((1, 3, 6, 6), (4, 3, 3, 3), {"pads": [3, 3, 3, 3]}),                # rows and taps all padding
+    ((1, 3, 9, 8), (2, 3, 3, 4), {}),                                    # unpadded: short output rows
+    ((1, 3, 7, 9), (5, 3, 1, 1), {"pads": [1, 0, 0, 2]}),                # padded 1x1
+]
+
+
+def _onnxruntime_conv(x, w, b, attrs, oracle=run_onnxruntime):
+    inits = [("w", w)] + ([("b", b)] if b is not None else [])
+    node = helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["y"], **attrs)
+    model = make_model([node], [("x", x)], [("y", None)], inits)
+    return oracle(model, {"x": x})[0]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", SHIFTED_CASES)
+@pytest.mark.parametrize("limit", [1, 600, 1 << 20])
+def test_shifted_gemms_in_tiles_of_any_size(x_shape, w_shape, attrs, limit):
+    """The core, forced to shifted GEMMs, with scratch for one output row a tile (1), a few, or the
+    image: every tile's padded rows, halo and slack as onnxruntime's convolution reads them."""
+    x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
+    window = conv_core.make_window(x_shape[2:], w_shape[2:], None, attrs.get("dilations"), attrs.get("pads"))
+    plan = conv_core.conv_plan(window, x_shape[1], w_shape[0], scratch_limit=limit, shifted=True)
+    assert plan.method == "gemm-shifted"
+    if limit == 1:
+        assert len(plan.tiles.tiles) == window.out_spatial[0]
+    expected = _onnxruntime_conv(x, w, b, attrs)
+    for weight in (w, conv_core.shifted_taps(w, plan)):  # as it lies, and packed
+        out = np.full(expected.shape, np.nan, np.float32)
+        scratch = np.full(plan.scratch_elems, np.nan, np.float32)  # no zero is left to chance
+        conv_core.conv(x, weight, b, out, plan, scratch, activation=("Relu", {}))
+        assert_close(out, np.maximum(expected, 0))
+
+
+def test_shifted_gemms_in_float64():
+    x, w = _data((1, 4, 9, 7)).astype(np.float64), _data((3, 4, 3, 3), 1).astype(np.float64)
+    attrs = {"pads": [1, 2, 1, 0]}
+    window = conv_core.make_window(x.shape[2:], w.shape[2:], pads=attrs["pads"])
+    plan = conv_core.conv_plan(window, 4, 3, dtype=np.float64, shifted=True)
+    out = np.empty((1, 3, *window.out_spatial))
+    conv_core.conv(x, w, None, out, plan)
+    expected = _onnxruntime_conv(x, w, None, attrs, oracle=run_reference)  # onnxruntime has no double Conv
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_large_stride_one_convolutions_take_shifted_gemms_with_their_weight_packed():
+    """A U-Net-like layer takes them by default, its weight packed tap-major at PREPARE, bias and
+    Relu fused, over a batch; a small image, few channels, a stride or a weight over the limit keep
+    im2col, and without a BLAS nnrun can call nothing takes them."""
+    def method(in_spatial, c_in, c_out, strides=None):
+        window = conv_core.make_window(in_spatial, (3, 3), strides, pads=[1] * 4)
+        return conv_core.conv_plan(window, c_in, c_out).method
+
+    assert method((64, 64), 16, 16) == "gemm-shifted"
+    assert method((32, 32), 128, 128) == "gemm-flat"            # 1,024 pixels: many short GEMMs
+    assert method((64, 64), 3, 16) == "gemm-flat"               # 3 channels a tap: no GEMM to speak of
+    assert method((64, 64), 16, 16, (2, 2)) != "gemm-shifted"
+    assert method((64, 64), 256, 256) == "gemm-flat"            # 2.4 MB of weight: blocks under a budget
+    x, w, b = _data((2, 16, 64, 64)), _data((24, 16, 3, 3), 1) / 12, _data((24,), 2)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
+    model = make_model([node, helper.make_node("Relu", ["c"], ["y"])], [("x", x)], [("y", None)],
+                       [("w", w), ("b", b)])
+    sess = nnrun.InferenceSession(model.SerializeToString())
+    assert_close(sess.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0])
+    kernel = sess.plan().steps[0].kernel
+    assert kernel.plan.method == "gemm-shifted" and kernel.w_shifted.shape == (9, 24, 16)
+    assert kernel.packed == frozenset([1])
+
+
+def test_without_a_blas_to_call_convolutions_keep_im2col(monkeypatch):
+    monkeypatch.setattr(conv_core.blas, "_kernels", {})
+    window = conv_core.make_window((64, 64), (3, 3), pads=[1] * 4)
+    assert conv_core.conv_plan(window, 16, 16).method == "gemm-flat"
+    with pytest.raises(ValueError, match="shifted"):
+        conv_core.conv_plan(window, 16, 16, shifted=True)
+
+
+def test_shifted_gemms_read_a_weight_in_blocks_of_output_channels():
+    """conv_in_blocks on a shifted plan: each block of channels packed as it comes, bias and
+    activation once at the end."""
+    x, w, b = _data((2, 16, 20, 18)), _data((10, 16, 3, 3), 1), _data((10,), 2)
+    attrs = {"pads": [1, 1, 1, 1]}
+    window = conv_core.make_window(x.shape[2:], (3, 3), pads=attrs["pads"])
+    plan = conv_core.conv_plan(window, 16, 10, scratch_limit=40_000, shifted=True)
+    assert plan.method == "gemm-shifted" and len(plan.tiles.tiles) > 1
+
+    class Blocks:
+        rows = ((0, 4), (4, 7), (7, 10))
+        entered = []
+
+        def enter(self, k):
+            self.entered.append(k)
+            return w[self.rows[k][0]:self.rows[k][1]]
+
+        def leave(self, k):
+            pass
+
+    out = np.full((2, 10, 20, 18), np.nan, np.float32)
+    blocks = Blocks()
+    conv_core.conv(x, w, b, out, plan, activation=("Relu", {}), blocks=blocks)
+    assert blocks.entered == [0, 1, 2]
+    assert_close(out, np.maximum(_onnxruntime_conv(x, w, b, attrs), 0))
 
 
 def test_conv_float64():
