@@ -325,9 +325,13 @@ def test_conv_opsets(opset):
 ])
 def test_conv_many_tiles(monkeypatch, attrs, w_shape):
     # Tiny tiles so that every output row is a tile of its own and borders fall inside tiles.
-    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 64)
     monkeypatch.setattr(conv_core, "CACHE_TILE", 64)
-    _conv_case((2, 3, 11, 9), w_shape, attrs)
+    group = attrs.get("group", 1)
+    window = conv_core.make_window((11, 9), w_shape[2:], attrs.get("strides"), None, attrs["pads"])
+    with conv_core.scratch_limit(64):
+        plan = conv_core.conv_plan(window, 3, w_shape[0], group)
+        assert plan.method == "depthwise" or len(plan.tiles) == window.out_spatial[0]
+        _conv_case((2, 3, 11, 9), w_shape, attrs)
 
 
 SHIFTED_CASES = [
@@ -602,9 +606,12 @@ def test_conv_transpose_opsets(opset):
     _transpose_case((1, 3, 4, 5), (3, 2, 3, 3), {"strides": [2, 2], "pads": [0, 1, 1, 0]}, opset=opset)
 
 
-def test_conv_transpose_many_tiles(monkeypatch):
-    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 64)
-    _transpose_case((2, 4, 7, 5), (4, 3, 3, 3), {"strides": [2, 2], "pads": [1, 0, 0, 1], "group": 2})
+def test_conv_transpose_many_tiles():
+    attrs = {"strides": [2, 2], "pads": [1, 0, 0, 1], "group": 2}
+    window = conv_core.make_transpose_window((7, 5), (3, 3), attrs["strides"], pads=attrs["pads"])
+    with conv_core.scratch_limit(64):
+        assert len(conv_core.conv_transpose_plan(window, 4, 6, 2).tiles) == 7
+        _transpose_case((2, 4, 7, 5), (4, 3, 3, 3), attrs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -622,7 +629,8 @@ def test_conv_transpose_many_tiles(monkeypatch):
     ((2, 8, 7, 7), (6, 8, 1, 1), {}),
 ])
 def test_core_channels_last(monkeypatch, x_shape, w_shape, attrs, kernels):
-    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 256)
+    """Planned with the default scratch (a compiled depthwise kernel serves where there is one) and
+    with 256 bytes (numpy's tiles of a row or two)."""
     monkeypatch.setattr(conv_core, "CACHE_TILE", 256)
     x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
     (expected,) = run_onnxruntime(make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)],
@@ -630,21 +638,23 @@ def test_core_channels_last(monkeypatch, x_shape, w_shape, attrs, kernels):
     group = attrs.get("group", 1)
     window = conv_core.make_window(x_shape[2:], w_shape[2:], attrs.get("strides"), attrs.get("dilations"),
                                    attrs.get("pads"))
-    plan = conv_core.conv_plan(window, x_shape[1], w_shape[0], group, np.float32, conv_core.CHANNELS_LAST)
-    if group == x_shape[1] == w_shape[0] and kernels != "numpy":
-        assert isinstance(plan.tiles, conv_core.CompiledNHWC)
     x_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-    out = np.full((x_shape[0], *window.out_spatial, w_shape[0]), np.nan, np.float32)
-    scratch = np.full(plan.scratch_elems, np.nan, np.float32)
-    if group == x_shape[1]:
-        # TFLite's depthwise weight: (1, kh, kw, C*M), tap-major as the core takes it.
-        w_tflite = np.ascontiguousarray(w.reshape(w_shape[0], -1).T).reshape(1, *w_shape[2:], w_shape[0])
-        w_taps = w_tflite.reshape(*w_shape[2:], x_shape[1], w_shape[0] // x_shape[1])
-        conv_core.depthwise_conv(x_last, w_taps, b, out, plan, scratch)
-    else:
-        w_last = np.ascontiguousarray(w.transpose(0, 2, 3, 1))  # TFLite's (Cout, kh, kw, Cin)
-        conv_core.conv(x_last, w_last, b, out, plan, scratch)
-    assert_close(out.transpose(0, 3, 1, 2), expected)
+    for limit in (conv_core.SCRATCH_LIMIT, 256):
+        with conv_core.scratch_limit(limit):
+            plan = conv_core.conv_plan(window, x_shape[1], w_shape[0], group, np.float32, conv_core.CHANNELS_LAST)
+        compiled = isinstance(plan.tiles, conv_core.CompiledNHWC)
+        assert compiled == (group == x_shape[1] == w_shape[0] and kernels != "numpy" and limit > 256)
+        out = np.full((x_shape[0], *window.out_spatial, w_shape[0]), np.nan, np.float32)
+        scratch = np.full(plan.scratch_elems, np.nan, np.float32)
+        if group == x_shape[1]:
+            # TFLite's depthwise weight: (1, kh, kw, C*M), tap-major as the core takes it.
+            w_tflite = np.ascontiguousarray(w.reshape(w_shape[0], -1).T).reshape(1, *w_shape[2:], w_shape[0])
+            w_taps = w_tflite.reshape(*w_shape[2:], x_shape[1], w_shape[0] // x_shape[1])
+            conv_core.depthwise_conv(x_last, w_taps, b, out, plan, scratch)
+        else:
+            w_last = np.ascontiguousarray(w.transpose(0, 2, 3, 1))  # TFLite's (Cout, kh, kw, Cin)
+            conv_core.conv(x_last, w_last, b, out, plan, scratch)
+        assert_close(out.transpose(0, 3, 1, 2), expected, what=f"scratch {limit}")
 
 
 @pytest.mark.parametrize("w_shape, group", [((6, 3, 3, 3), 1), ((6, 1, 3, 3), 3), ((6, 3, 1, 1), 1)])

@@ -101,9 +101,9 @@ def test_pool_opsets(op_type, opset):
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
 def test_pool_many_tiles(monkeypatch, op_type, attrs):
     # One plane per chunk, and row tiles of one row in the channels-last path.
-    monkeypatch.setattr(conv_core, "SCRATCH_LIMIT", 16)
     monkeypatch.setattr(conv_core, "CACHE_TILE", 16)
-    check_node(op_type, [("x", _data((2, 2, 11, 9)))], attrs)
+    with conv_core.scratch_limit(16):
+        check_node(op_type, [("x", _data((2, 2, 11, 9)))], attrs)
 
 
 def test_max_pool_storage_order_without_indices():
