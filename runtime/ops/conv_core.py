@@ -1508,7 +1508,10 @@ class TransposePlan:
     tap's scatter is a stride-1 block add (contiguous rows), not a strided one. The
     planes of `block` output channels accumulate in scratch and are then interleaved
     into the output, bias added on the way. With all strides 1 there is a single phase,
-    the output itself, and the adds go straight into it.
+    the output itself, and the adds go straight into it. When the kernel is the stride
+    (unpadded, undilated: a U-Net's 2x2 upsampling), each phase is one tap's, whole: that
+    tap's columns are copied into the output's strided view, with the bias, and there are no
+    planes at all (`disjoint`).
     """
     window: Window       # the adjoint window (see make_transpose_window)
     c_in: int
@@ -1520,9 +1523,17 @@ class TransposePlan:
     cols_elems: int
     scratch_elems: int
     dtype: np.dtype
+    disjoint: bool = False  # every output is one tap's: columns copied, no planes
 
     def scratch(self):
         return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
+
+
+def _disjoint(window):
+    """Whether each output of the transposed convolution is written by exactly one tap."""
+    return (tuple(window.kernel) == tuple(window.strides) and all(d == 1 for d in window.dilations)
+            and not any(window.pads_begin) and not any(window.pads_end)
+            and all(i == o * s for i, o, s in zip(window.in_spatial, window.out_spatial, window.strides)))
 
 
 def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_limit=None):
@@ -1536,6 +1547,7 @@ def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_
     if math.prod(window.strides) > MAX_TAPS:
         raise ValueError(f"strides {list(window.strides)} make more than {MAX_TAPS} phase planes")
     direct = all(s == 1 for s in window.strides)
+    disjoint = not direct and _disjoint(window)
     # The phase planes: one per residue tuple, of the outputs congruent to it.
     phases, index_of, plane_elems = [], {}, 0
     for residue in np.ndindex(*window.strides):
@@ -1543,7 +1555,7 @@ def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_
         index_of[residue] = len(phases)
         phases.append((tuple(slice(r, None, s) for r, s in zip(residue, window.strides)), shape, plane_elems))
         plane_elems += math.prod(shape)
-    planes_per_channel = 0 if direct else plane_elems
+    planes_per_channel = 0 if direct or disjoint else plane_elems
     block = _block_size(c_out_g, planes_per_channel, dtype, scratch_limit // 2) if planes_per_channel \
         else c_out_g
     in_rest = math.prod(window.out_spatial[1:])
@@ -1565,7 +1577,7 @@ def conv_transpose_plan(window, c_in, c_out, group=1, dtype=np.float32, scratch_
             adds.append(((slice(None),) + t.tap + t.dst, index_of[residue], (slice(None),) + plane))
         tiles.append(((r0, r1), cols_shape, tuple(adds)))
     return TransposePlan(window, c_in, c_out, group, block, tuple(phases), tuple(tiles), cols_elems,
-                         cols_elems + block * planes_per_channel, dtype)
+                         cols_elems + block * planes_per_channel, dtype, disjoint)
 
 
 def conv_transpose(x, w, bias, out, plan, scratch=None, activation=None):
@@ -1597,6 +1609,10 @@ def conv_transpose(x, w, bias, out, plan, scratch=None, activation=None):
                 c1 = min(c_out_g, c0 + block)
                 b = c1 - c0
                 out_b = out[n, g * c_out_g + c0:g * c_out_g + c1]
+                if plan.disjoint:
+                    _transpose_disjoint(w_t[c0 * taps:c1 * taps], x_g, out_b, plan,
+                                        None if bias is None else bias[g * c_out_g + c0:g * c_out_g + c1], scratch)
+                    continue
                 if direct:
                     planes = [out_b]
                 else:
@@ -1626,6 +1642,26 @@ def conv_transpose(x, w, bias, out, plan, scratch=None, activation=None):
     if activation is not None:
         apply_activation(out, activation)
     return out
+
+
+def _transpose_disjoint(w_t, x_g, out_b, plan, bias, scratch):
+    """out_b (b, *out) of a `disjoint` plan: per input row tile, the columns (b, *kernel, rows,
+    *rest) by one GEMM, then each tap's into its phase of the output rows, the bias added."""
+    window = plan.window
+    b = out_b.shape[0]
+    rest = math.prod(window.out_spatial[1:])
+    strides = window.strides
+    for (r0, r1), cols_shape, _ in plan.tiles:
+        cols = scratch[:b * math.prod(cols_shape[1:])].reshape((b,) + cols_shape[1:])
+        np.matmul(w_t, x_g[:, r0 * rest:r1 * rest], out=cols.reshape(b * window.taps, -1))
+        for tap in np.ndindex(*window.kernel):
+            phase = (slice(r0 * strides[0] + tap[0], r1 * strides[0], strides[0]),)
+            phase += tuple(slice(k, None, s) for k, s in zip(tap[1:], strides[1:]))
+            target = out_b[(slice(None),) + phase]
+            if bias is not None:
+                np.add(cols[(slice(None),) + tap], bias, out=target)
+            else:
+                np.copyto(target, cols[(slice(None),) + tap])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -614,6 +614,31 @@ def test_conv_transpose_many_tiles():
         _transpose_case((2, 4, 7, 5), (4, 3, 3, 3), attrs)
 
 
+@pytest.mark.parametrize("x_shape, w_shape, attrs, bias, disjoint", [
+    ((2, 6, 5, 4), (6, 3, 2, 2), {"strides": [2, 2]}, True, True),               # a U-Net's upsampling
+    ((1, 4, 5, 4), (4, 2, 3, 2), {"strides": [3, 2], "group": 2}, False, True),
+    ((2, 3, 7), (3, 4, 4), {"strides": [4]}, True, True),
+    ((1, 2, 3, 4, 3), (2, 3, 2, 1, 2), {"strides": [2, 1, 2]}, True, True),
+    ((1, 3, 4, 4), (3, 2, 2, 2), {"strides": [2, 2], "output_padding": [1, 0]}, True, False),  # bias-only rows
+    ((1, 3, 4, 4), (3, 2, 2, 2), {"strides": [2, 2], "pads": [1, 0, 0, 1]}, True, False),
+    ((1, 3, 4, 4), (3, 2, 2, 2), {"strides": [2, 2], "dilations": [2, 1]}, True, False),
+])
+@pytest.mark.parametrize("tiny", [False, True])
+def test_a_kernel_the_size_of_its_stride_copies_each_tap_into_place(x_shape, w_shape, attrs, bias, disjoint, tiny):
+    """Each output one tap's (kernel = stride, unpadded, undilated): no phase planes, every tap's
+    columns copied into the output with the bias; in tiles of one input row as well (`tiny`)."""
+    window = conv_core.make_transpose_window(x_shape[2:], w_shape[2:], attrs["strides"], attrs.get("dilations"),
+                                             attrs.get("pads"), output_padding=attrs.get("output_padding"))
+    group = attrs.get("group", 1)
+    with conv_core.scratch_limit(64 if tiny else conv_core.SCRATCH_LIMIT):
+        plan = conv_core.conv_transpose_plan(window, x_shape[1], w_shape[1] * group, group)
+        assert plan.disjoint == disjoint
+        if disjoint:
+            assert plan.scratch_elems == plan.cols_elems  # columns only
+        assert len(plan.tiles) == (x_shape[2] if tiny else 1)
+        _transpose_case(x_shape, w_shape, attrs, bias=bias)
+
+
 # ---------------------------------------------------------------------------------------------
 # The numeric core in channels-last layout (TFLite's), against onnxruntime on the NCHW transpose
 
