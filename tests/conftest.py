@@ -21,16 +21,17 @@ atexit.register(shutil.rmtree, os.environ["NNRUN_WEIGHT_CACHE"], True)
                         pytest.param("compiled, channels first", marks=compiled.needs_numba)])
 def kernels(request, monkeypatch):
     """Both kinds of kernel: numpy's, and those numba compiles (`compiled_kernels`): a convolution's
-    bias and activation, and depthwise convolution, which then serves every 1-D and 2-D case however
-    small (the cases are small to keep the oracles fast): channels last where the image is small and
-    each channel has one output, or always channels first. The compiled bias and activation serves
-    every size too."""
+    bias and activation, depthwise convolution and pooling, which then serve every 1-D and 2-D case
+    however small (the cases are small to keep the oracles fast): depthwise channels last where the
+    image is small and each channel has one output, or always channels first. The compiled bias and
+    activation serves every size too."""
     if request.param == "numpy":
         monkeypatch.delenv("NNRUN_JIT", raising=False)  # the default
     else:
         monkeypatch.setenv("NNRUN_JIT", "1")
         monkeypatch.setattr(conv_core, "COMPILED_MIN_ROW", 0)
         monkeypatch.setattr(conv_core, "EPILOGUE_MIN", 0)
+        monkeypatch.setattr(conv_core, "COMPILED_POOL_MIN_INSIDE", 0)
         if request.param == "compiled, channels first":
             monkeypatch.setattr(conv_core, "CHANNELS_LAST_MAX_PIXELS", -1)
     return request.param

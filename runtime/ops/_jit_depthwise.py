@@ -15,6 +15,10 @@ channels last and each output pixel sums its taps vectorised along the channels.
 `depthwise_nhwc`, an image that is channels last already (TFLite's layout): the same sums, no
 copies but the padding's (`pad_channels_last`).
 
+`max_pool`, channels first: the phase planes of `depthwise`, padded with -inf, and the largest of
+each window's taps instead of their weighted sum (an average pool is `depthwise` with weights of
+one, divided after).
+
 Both release the GIL, so the kernels' pool runs channel ranges of one convolution on several
 threads.
 
@@ -23,6 +27,7 @@ process (`cache=True`: later processes load the machine code from numba's cache)
 underscore keeps `ops.load_all`, which imports every op family, from importing it.
 """
 
+import numpy as np
 from numba import njit
 
 from ._jit_activation import activate
@@ -58,6 +63,52 @@ def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, 
             src = acc[r * q_stride:r * q_stride + width]
             for m in range(width):
                 dst[m] = activate(src[m] + b, mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def max_pool(x, out, planes, acc, fills, offsets, plane_w, plane_size, q_stride, o0, o1):
+    """out[o0:o1] of one image, each output the largest of its window's taps (NaN if any is NaN, as
+    numpy's maximum); x (C, H, W), out (C, OH, OW), the rest as `depthwise`'s. The planes' padding
+    is -inf: a window that reads only padding gives -inf."""
+    rows, width = out.shape[1], out.shape[2]
+    low = x.dtype.type(-np.inf)
+    for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
+        planes[k] = low
+    n = acc.shape[0]
+    taps = offsets.shape[0]
+    for c in range(o0, o1):
+        _fill(planes, x[c], fills, plane_w, plane_size)
+        t = 1
+        if taps >= 3:  # the first three taps in one pass, then three more a pass
+            p0, p1, p2 = planes[offsets[0]:], planes[offsets[1]:], planes[offsets[2]:]
+            for k in range(n):
+                acc[k] = _larger(_larger(p0[k], p1[k]), p2[k])
+            t = 3
+        else:
+            p0 = planes[offsets[0]:]
+            for k in range(n):
+                acc[k] = p0[k]
+        while t + 3 <= taps:
+            p0, p1, p2 = planes[offsets[t]:], planes[offsets[t + 1]:], planes[offsets[t + 2]:]
+            for k in range(n):
+                acc[k] = _larger(_larger(_larger(acc[k], p0[k]), p1[k]), p2[k])
+            t += 3
+        while t < taps:
+            p0 = planes[offsets[t]:]
+            for k in range(n):
+                acc[k] = _larger(acc[k], p0[k])
+            t += 1
+        for r in range(rows):
+            dst = out[c, r]
+            src = acc[r * q_stride:r * q_stride + width]
+            for m in range(width):
+                dst[m] = src[m]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _larger(a, b):
+    """The larger of a and b, NaN if either is (numpy's maximum)."""
+    return b if (b > a or b != b) else a
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")

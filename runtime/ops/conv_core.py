@@ -34,8 +34,9 @@ Paths, chosen by the plan:
   and many channels (rows shorter than the channels) is run channels last, transposed. With
   numba (jit.py), a 1-D or 2-D one channels first sums each channel's planes over all taps in a
   compiled loop instead (`CompiledDepthwise`), or, on a small image, each pixel's taps along
-  the channels (`CompiledChannelsLast`), split by channels across the run's threads; and the
-  other convolutions add their bias and activation in one compiled pass (`ConvPlan.epilogue`);
+  the channels (`CompiledChannelsLast`), split by channels across the run's threads; pooling,
+  channels first, walks the same phase planes compiled (`PoolPlan.compiled`); and the other
+  convolutions add their bias and activation in one compiled pass (`ConvPlan.epilogue`);
 - transposed conv: GEMM columns scattered into stride-phase planes.
 numpy is fast on long contiguous rows and several times slower on short or strided
 ones, which is what these layouts are for.
@@ -1099,10 +1100,7 @@ def _compiled_depthwise(window, channels, multiplier, dtype):
     not serve it."""
     if len(window.in_spatial) not in (1, 2):
         return None
-    if len(window.in_spatial) == 1:  # a 1-D window is a 2-D one of a single row
-        window = Window((1,) + window.in_spatial, (1,) + window.out_spatial, (1,) + window.kernel,
-                        (1,) + window.strides, (1,) + window.dilations, (0,) + window.pads_begin,
-                        (0,) + window.pads_end)
+    window = _as_2d(window)
     if (multiplier == 1 and math.prod(window.out_spatial) <= CHANNELS_LAST_MAX_PIXELS
             and window.out_spatial[-1] <= CHANNELS_LAST_MAX_WIDTH):
         kernel = jit.depthwise_channels_last_kernel(dtype)
@@ -1117,6 +1115,20 @@ def _compiled_depthwise(window, channels, multiplier, dtype):
     kernel = jit.depthwise_kernel(dtype)
     if kernel is None:
         return None
+    return _compiled_planes(window, grid, kernel)
+
+
+def _as_2d(window):
+    """A 1-D window as the 2-D one of a single row; a 2-D one as it is."""
+    if len(window.in_spatial) == 2:
+        return window
+    return Window((1,) + window.in_spatial, (1,) + window.out_spatial, (1,) + window.kernel,
+                  (1,) + window.strides, (1,) + window.dilations, (0,) + window.pads_begin, (0,) + window.pads_end)
+
+
+def _compiled_planes(window, grid, kernel):
+    """The CompiledDepthwise of `kernel` over the phase planes `grid` of a 2-D `window`: what the
+    compiled kernels that walk phase planes (depthwise, max_pool) read."""
     plane_w = grid.plane_shape[1]
     fills = []
     for dst, src, _ in grid.fills:
@@ -1682,6 +1694,8 @@ class PoolPlan:
     whole: bool = False  # one window over the whole plane: a plain reduction
     views: tuple = ()    # channels first, every window inside the image: each tap's strided slices
                          # (of `block` planes at a time)
+    compiled: object = None  # channels first, 1-D or 2-D, with numba: a CompiledDepthwise whose kernel
+                             # is max_pool (max) or depthwise (average, weights of one)
 
     def scratch(self):
         return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
@@ -1709,6 +1723,10 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         # One window over the whole plane (a global pool written as a windowed one): a
         # reduction, not a walk over every tap.
         return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, whole=True)
+    compiled = _compiled_pool(window, kind, dtype) if layout == CHANNELS_FIRST else None
+    if compiled is not None:
+        return PoolPlan(window, layout, kind, (), None, 0, divisor, compiled.planes_elems + compiled.acc_elems, dtype,
+                        compiled=compiled)
     if layout == CHANNELS_FIRST and _inside(window):
         # No tap reads padding: each tap's inputs are a strided view of the image, reduced straight
         # into the output, no planes (PP-OCR's 2x2 max pool over 200x2x96: 44 -> 20 us).
@@ -1727,6 +1745,59 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
     rest = math.prod(window.out_spatial[1:])
     tiles, _ = _channels_last_tiles(window, channels * rest * dtype.itemsize, with_taps=False)
     return PoolPlan(window, layout, kind, tiles, None, 0, divisor, 0, dtype)
+
+
+# Windows that read no padding keep numpy's strided views on planes smaller than this: as fast
+# there (128 planes of 56x56, 2x2 stride 2: 196-206 us numpy, 137-219 compiled; 64 of 256x256:
+# 3.5 against 1.4 ms).
+COMPILED_POOL_MIN_INSIDE = 1 << 14
+
+
+def _compiled_pool(window, kind, dtype):
+    """The compiled pooling of a 1-D or 2-D window (CompiledDepthwise), or None where numba's kernels
+    are off or do not pay. Against numpy's phase planes, 1 thread, max 3x3: 512 planes of 14x14
+    stride 1 229 -> 169 us, 64 of 112x112 stride 2 581 -> 263 us, 832 of 7x7 150 -> 130 us;
+    average 3x3 over 192 of 35x35 443 -> 216 us."""
+    if len(window.in_spatial) not in (1, 2):
+        return None
+    if _inside(window) and math.prod(window.in_spatial) < COMPILED_POOL_MIN_INSIDE:
+        return None
+    kernel = jit.max_pool_kernel(dtype) if kind == "max" else jit.depthwise_kernel(dtype)
+    if kernel is None:
+        return None
+    window = _as_2d(window)
+    return _compiled_planes(window, phase_grid(window), kernel)
+
+
+def _pool_compiled(x, out, plan, scratch):
+    """The compiled kernel (PoolPlan.compiled) into `out`, channel shares on the run's threads (the
+    first in the plan's scratch, another in its own: one channel's planes); an average's sums then
+    divided."""
+    how, window = plan.compiled, plan.window
+    one_row = len(window.in_spatial) == 1
+    channels = x.shape[1]
+    shares = parallel.ranges(channels, max(1, min(parallel.current().threads,
+                                                   out[0].size * window.taps // COMPILED_SHARE)))
+    if plan.kind == "average":
+        ones = np.ones((window.taps, channels), out.dtype)
+        mode, p0, p1, _ = jit.activation_mode(None, out.dtype)
+    for n in range(out.shape[0]):
+        x_n = np.ascontiguousarray(x[n][:, None] if one_row else x[n])
+        out_n = out[n][:, None] if one_row else out[n]
+
+        def share(i):
+            planes = scratch if i == 0 and scratch is not None else np.empty(plan.scratch_elems, out.dtype)
+            acc = planes[how.planes_elems:plan.scratch_elems]
+            if plan.kind == "max":
+                how.kernel(x_n, out_n, planes[:how.planes_elems], acc, how.fills, how.offsets, how.plane_w,
+                           how.plane_size, how.q_stride, *shares[i])
+            else:
+                how.kernel(x_n, ones, ones[0], False, out_n, planes[:how.planes_elems], acc, how.fills, how.offsets,
+                           how.plane_w, how.plane_size, how.q_stride, 1, mode, p0, p1, *shares[i])
+        parallel.current().run(share, len(shares))  # inline when there is one
+    if plan.kind == "average":
+        np.divide(out, plan.divisor, out=out)
+    return out
 
 
 def _inside(window):
@@ -1774,6 +1845,8 @@ def pool(x, out, plan, scratch=None):
         else:
             whole(x.reshape(x.shape[0], -1, x.shape[-1]), axis=1, out=out.reshape(x.shape[0], x.shape[-1]))
         return out
+    if plan.compiled is not None:
+        return _pool_compiled(x, out, plan, scratch)
     if plan.views:
         planes, result = x.reshape(-1, *plan.window.in_spatial), out.reshape(-1, *plan.window.out_spatial)
         for b0 in range(0, planes.shape[0], plan.block):

@@ -118,6 +118,11 @@ def depthwise_nhwc_kernels(dtype):
     return _kernel("depthwise_nhwc", dtype)
 
 
+def max_pool_kernel(dtype):
+    """The compiled max pooling (_jit_depthwise.max_pool), as depthwise_kernel."""
+    return _kernel("max_pool", dtype)
+
+
 def epilogue_kernel(dtype):
     """The compiled bias and activation (_jit_activation.bias_activation) for `dtype`, as
     depthwise_kernel."""
@@ -197,6 +202,18 @@ def _check_depthwise_nhwc(dtype):
     return pad_channels_last, depthwise_nhwc
 
 
+def _check_max_pool(dtype):
+    from ._jit_depthwise import max_pool
+
+    # A 1x3 image through a 1x3 window, padded one column each side.
+    out = np.empty((1, 1, 3), dtype)
+    fills = np.array([[0, 1, 1, 4, 0, 1, 0, 1]], np.int64)
+    max_pool(np.array([[[5, 1, 3]]], dtype), out, np.full(5, np.nan, dtype), np.empty(3, dtype), fills,
+             np.arange(3, dtype=np.int64), 5, 5, 5, 0, 1)
+    _expect("max pooling", tuple(out[0, 0]), (5, 5, 3))
+    return max_pool
+
+
 def _check_epilogue(dtype):
     from ._jit_activation import bias_activation
 
@@ -226,7 +243,7 @@ def _expect(what, got, wanted):
 
 
 _SELF_CHECKS = {"depthwise": _check_depthwise, "depthwise_channels_last": _check_depthwise_channels_last,
-                "depthwise_nhwc": _check_depthwise_nhwc,
+                "depthwise_nhwc": _check_depthwise_nhwc, "max_pool": _check_max_pool,
                 "epilogue": _check_epilogue, "erf": _check_elementwise("erf"), "gelu": _check_elementwise("gelu")}
 
 

@@ -2,11 +2,12 @@
 
 import numpy as np
 import pytest
-from oracle import FLOAT16_RTOL, check_node, rng
+from compiled import needs_numba
+from oracle import FLOAT16_RTOL, check_node, helper, make_model, rng, run_nnrun
 
 import nnrun
 from nnrun import ir
-from nnrun.ops import conv_core
+from nnrun.ops import conv_core, jit
 from nnrun.ops.pool import MaxPool
 from nnrun.ops.registry import TensorInfo
 
@@ -36,7 +37,7 @@ WINDOWS_2D = [
 
 @pytest.mark.parametrize("attrs", WINDOWS_2D)
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
-def test_pool_2d(op_type, attrs):
+def test_pool_2d(op_type, attrs, kernels):
     check_node(op_type, [("x", _data((2, 3, 11, 10)))], attrs)
 
 
@@ -47,7 +48,7 @@ def test_pool_2d(op_type, attrs):
     {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1},
     {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 0]},
 ])
-def test_average_pool_count_include_pad(attrs):
+def test_average_pool_count_include_pad(attrs, kernels):
     check_node("AveragePool", [("x", _data((1, 2, 9, 8)))], {**attrs, "count_include_pad": 1})
 
 
@@ -58,7 +59,7 @@ def test_average_pool_count_include_pad(attrs):
 ])
 @pytest.mark.parametrize("op_type, extra, opset", [("MaxPool", {}, 12), ("AveragePool", {}, 19),
                                                    ("AveragePool", {"count_include_pad": 1}, 19)])
-def test_pool_dilations(op_type, extra, opset, attrs):
+def test_pool_dilations(op_type, extra, opset, attrs, kernels):
     check_node(op_type, [("x", _data((1, 3, 12, 11)))], {**attrs, **extra}, opset=opset)
 
 
@@ -70,17 +71,17 @@ def test_pool_dilations(op_type, extra, opset, attrs):
     ((1, 2, 5, 6, 7), {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "ceil_mode": 1}),
 ])
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
-def test_pool_1d_3d(op_type, x_shape, attrs):
+def test_pool_1d_3d(op_type, x_shape, attrs, kernels):
     check_node(op_type, [("x", _data(x_shape))], attrs)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float64, np.float16])
-def test_max_pool_dtypes(dtype):
+def test_max_pool_dtypes(dtype, kernels):
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
     check_node("MaxPool", [("x", _data((1, 3, 9, 8), dtype))], attrs, opset=12)
 
 
-def test_average_pool_float64():
+def test_average_pool_float64(kernels):
     check_node("AveragePool", [("x", _data((1, 3, 9, 8), np.float64))],
                {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, oracle="reference")
 
@@ -99,7 +100,7 @@ def test_pool_opsets(op_type, opset):
     {"kernel_shape": [2, 3], "strides": [2, 2]},                                        # views of the image
 ])
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
-def test_pool_many_tiles(monkeypatch, op_type, attrs):
+def test_pool_many_tiles(monkeypatch, op_type, attrs, kernels):
     # One plane per chunk, and row tiles of one row in the channels-last path.
     monkeypatch.setattr(conv_core, "CACHE_TILE", 16)
     with conv_core.scratch_limit(16):
@@ -195,7 +196,7 @@ def test_core_channels_last(monkeypatch, kind, op_type, attrs):
     assert_close(out.transpose(0, 3, 1, 2), expected)
 
 
-def test_a_window_inside_the_image_pools_straight_from_it():
+def test_a_window_inside_the_image_pools_straight_from_it():  # as installed: numpy's paths
     def plan(**window):
         return conv_core.pool_plan(conv_core.make_window((11, 10), **window), "max", 3)
     assert plan(kernel=(2, 2), strides=(2, 2)).views  # every tap a strided view of the image
@@ -221,3 +222,34 @@ def test_pool_rejects_absurd_kernels():
 def test_global_pool_dtypes(op_type, dtype, oracle):
     check_node(op_type, [("x", _data((2, 3, 5, 4), dtype))], oracle=oracle,
                rtol=FLOAT16_RTOL if dtype == np.float16 else 1e-4)
+
+
+@needs_numba
+def test_which_pools_the_compiled_kernels_serve(monkeypatch):
+    """With compiled kernels: 1-D and 2-D pools channels first, but a window that reads no padding
+    over a small plane (numpy's strided views are as fast there) and channels last (TFLite's)."""
+    monkeypatch.setenv("NNRUN_JIT", "1")
+
+    def plan(in_spatial, kind="max", layout=conv_core.CHANNELS_FIRST, **window):
+        return conv_core.pool_plan(conv_core.make_window(in_spatial, **window), kind, 3, layout=layout)
+    assert plan((14, 14), kernel=(3, 3), pads=[1] * 4).compiled.kernel is jit.max_pool_kernel(np.float32)
+    assert plan((14, 14), "average", kernel=(3, 3), pads=[1] * 4).compiled.kernel is jit.depthwise_kernel(np.float32)
+    assert plan((50,), kernel=(3,), strides=(2,), pads=[1, 1]).compiled is not None
+    assert plan((56, 56), kernel=(2, 2), strides=(2, 2)).views  # inside, 3,136 pixels
+    assert plan((128, 128), kernel=(2, 2), strides=(2, 2)).compiled is not None  # inside, 16,384
+    assert plan((6, 6, 6), kernel=(2, 2, 2)).compiled is None  # 3-D
+    assert plan((14, 14), layout=conv_core.CHANNELS_LAST, kernel=(3, 3), pads=[1] * 4).compiled is None
+
+
+@pytest.mark.parametrize("kernels", ["numpy", pytest.param("compiled", marks=needs_numba)], indirect=True)
+def test_max_pool_propagates_nan(kernels):
+    """A window holding a NaN gives NaN, as numpy's maximum does (onnxruntime and onnx's reference
+    evaluator disagree with each other here; the oracle is numpy's max over each padded window)."""
+    x = _data((1, 3, 9, 8))
+    x[0, 0, 2, 3] = x[0, 2, 8, 7] = np.nan
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    expected = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))[:, :, ::2, ::2].max(axis=(4, 5))
+    got = run_nnrun(make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                                 pads=[1, 1, 1, 1])], [("x", x)], [("y", None)]), {"x": x})[0]
+    assert np.isnan(got).sum() == 3  # two windows hold the first, one the second
+    np.testing.assert_array_equal(got, expected)
