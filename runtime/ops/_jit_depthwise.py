@@ -19,6 +19,11 @@ copies but the padding's (`pad_channels_last`).
 each window's taps instead of their weighted sum (an average pool is `depthwise` with weights of
 one, divided after).
 
+`few_channels`, a convolution of one group with few taps over all its input channels (a network's
+3x3 stem on RGB): every input channel's phase planes filled once, then each output channel the
+weighted sum of all their taps, as `depthwise` sums one channel's; im2col's GEMM is only that deep
+(27), where BLAS runs at a fraction of its speed.
+
 Both release the GIL, so the kernels' pool runs channel ranges of one convolution on several
 threads.
 
@@ -63,6 +68,60 @@ def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, 
             src = acc[r * q_stride:r * q_stride + width]
             for m in range(width):
                 dst[m] = activate(src[m] + b, mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def few_channels(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, plane_size, q_stride,
+                 phases_size, mode, p0, p1, o0, o1):
+    """out[o0:o1] of one image. x (C, H, W); w2 (C * taps, Cout), row c * taps + t channel c's tap t;
+    out (Cout, OH, OW); `planes`: scratch of C * phases_size, channel c's phase planes from
+    c * phases_size; `offsets` (C * taps,): each channel's taps' flat starts in them; the rest as
+    `depthwise`'s."""
+    rows, width = out.shape[1], out.shape[2]
+    for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
+        planes[k] = 0
+    for c in range(x.shape[0]):
+        _fill(planes[c * phases_size:(c + 1) * phases_size], x[c], fills, plane_w, plane_size)
+    zero = x.dtype.type(0)
+    one = x.dtype.type(1)
+    nines = offsets.shape[0] % 9 == 0
+    for oc in range(o0, o1):
+        if nines:
+            _sum_nines(planes, w2[:, oc], offsets, acc)
+        else:
+            _sum_taps(planes, w2[:, oc], offsets, acc)
+        b = bias[oc] if has_bias else zero
+        for r in range(rows):
+            dst = out[oc, r]
+            src = acc[r * q_stride:r * q_stride + width]
+            for m in range(width):
+                dst[m] = activate(src[m] + b, mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _sum_nines(planes, w, offsets, acc):
+    """_sum_taps of a multiple of nine taps (3x3 windows over several channels): nine a pass."""
+    n = acc.shape[0]
+    for t in range(0, offsets.shape[0], 9):
+        p0 = planes[offsets[t]:]
+        p1 = planes[offsets[t + 1]:]
+        p2 = planes[offsets[t + 2]:]
+        p3 = planes[offsets[t + 3]:]
+        p4 = planes[offsets[t + 4]:]
+        p5 = planes[offsets[t + 5]:]
+        p6 = planes[offsets[t + 6]:]
+        p7 = planes[offsets[t + 7]:]
+        p8 = planes[offsets[t + 8]:]
+        w0, w1, w2, w3, w4, w5, w6, w7, w8 = (w[t], w[t + 1], w[t + 2], w[t + 3], w[t + 4], w[t + 5], w[t + 6],
+                                              w[t + 7], w[t + 8])
+        if t == 0:
+            for k in range(n):
+                acc[k] = (p0[k] * w0 + p1[k] * w1 + p2[k] * w2 + p3[k] * w3 + p4[k] * w4 + p5[k] * w5
+                          + p6[k] * w6 + p7[k] * w7 + p8[k] * w8)
+        else:
+            for k in range(n):
+                acc[k] += (p0[k] * w0 + p1[k] * w1 + p2[k] * w2 + p3[k] * w3 + p4[k] * w4 + p5[k] * w5
+                           + p6[k] * w6 + p7[k] * w7 + p8[k] * w8)
 
 
 @njit(nogil=True, cache=True, boundscheck=False)

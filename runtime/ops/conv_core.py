@@ -35,8 +35,9 @@ Paths, chosen by the plan:
   numba (jit.py), a 1-D or 2-D one channels first sums each channel's planes over all taps in a
   compiled loop instead (`CompiledDepthwise`), or, on a small image, each pixel's taps along
   the channels (`CompiledChannelsLast`), split by channels across the run's threads; pooling,
-  channels first, walks the same phase planes compiled (`PoolPlan.compiled`); and the other
-  convolutions add their bias and activation in one compiled pass (`ConvPlan.epilogue`);
+  channels first, walks the same phase planes compiled (`PoolPlan.compiled`), and so does a
+  stem's convolution of few input channels (`CompiledFewChannels`); the other convolutions add
+  their bias and activation in one compiled pass (`ConvPlan.epilogue`);
 - transposed conv: GEMM columns scattered into stride-phase planes.
 numpy is fast on long contiguous rows and several times slower on short or strided
 ones, which is what these layouts are for.
@@ -330,9 +331,10 @@ class ConvPlan:
     group: int
     method: str          # "pointwise", "gemm", "gemm-flat" (gemm with flat row copies), "gemm-windows"
                          # (gemm with one strided copy of all windows), "gemm-shifted" (a GEMM per
-                         # tap, no columns) or "depthwise"
-    tiles: object        # "gemm": ConvTile per tile; "gemm-shifted": a ShiftedGemm; "depthwise": a
-                         # DepthwisePlan (channels first) or a DepthwiseTile per tile (channels last)
+                         # tap, no columns), "few-channels" (compiled) or "depthwise"
+    tiles: object        # "gemm": ConvTile per tile; "gemm-shifted": a ShiftedGemm; "few-channels": a
+                         # CompiledFewChannels; "depthwise": a DepthwisePlan (channels first) or a
+                         # DepthwiseTile per tile (channels last)
     scratch_elems: int
     dtype: np.dtype
     windows: object = None  # "gemm-windows": its WindowCopy
@@ -351,7 +353,7 @@ def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FI
     weight was packed for it: `shifted_taps`)."""
     plan = _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted)
     # A compiled depthwise convolution writes its own bias and activation.
-    compiled = isinstance(plan.tiles, (CompiledDepthwise, CompiledChannelsLast, CompiledNHWC))
+    compiled = isinstance(plan.tiles, (CompiledDepthwise, CompiledChannelsLast, CompiledNHWC, CompiledFewChannels))
     epilogue = jit.epilogue_kernel(dtype) if not compiled else None
     return plan if epilogue is None else replace(plan, epilogue=epilogue)
 
@@ -368,6 +370,10 @@ def _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted
              and not any(window.pads_begin) and not any(window.pads_end))
     if group == 1 and plain:
         return ConvPlan(window, layout, c_in, c_out, group, "pointwise", (), 0, dtype)
+    few = _compiled_few_channels(window, c_in, group, dtype, layout) if not shifted else None
+    if few is not None:
+        return ConvPlan(window, layout, c_in, c_out, group, "few-channels", few, few.planes_elems + few.acc_elems,
+                        dtype)
     tiles = _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted)
     if tiles is not None:
         return ConvPlan(window, layout, c_in, c_out, group, "gemm-shifted", tiles, tiles.scratch_elems, dtype)
@@ -629,6 +635,77 @@ def _conv_shifted(x, w_taps, bias, out, plan, scratch, activation, channels=None
     return out
 
 
+# With compiled kernels, a convolution of one group with at most this many taps over all its input
+# channels (a network's 3x3 stem on RGB: 27) sums them in a compiled loop (_jit_depthwise.few_channels):
+# im2col's GEMM is only that deep, where OpenBLAS runs at 12-35 GMAC/s. 1 thread, against im2col,
+# bias and ReLU fused: U-Net's 3 -> 16 over 256x256 2.17 -> 1.09 ms (onnxruntime 0.70), PP-OCRv6
+# det's 3 -> 24 stride 2 over 320x256 1.16 -> 0.76 ms, MobileNetV2's 3 -> 32 stride 2 0.49 -> 0.44,
+# VGG-16's 3 -> 64 over 224x224 3.68 -> 3.41; but ResNet-50's 7x7 stem (147 taps) 3.44 -> 5.07.
+FEW_CHANNEL_TAPS = 36
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledFewChannels:
+    """Channels first, 1-D or 2-D, with numba: every input channel's phase planes (as
+    CompiledDepthwise's, channel c's `phases_size` elements from c * phases_size), and each output
+    channel the weighted sum of all their taps; output channels in ranges, one per thread of the run
+    for a large convolution."""
+    kernel: object
+    fills: np.ndarray    # (phases, 8) int64, as CompiledDepthwise's
+    offsets: np.ndarray  # (channels * taps,) int64: channel c's tap t at c * taps + t
+    plane_w: int
+    plane_size: int
+    q_stride: int
+    phases_size: int     # one channel's phase planes
+    planes_elems: int    # scratch: every channel's phase planes, then the accumulator
+    acc_elems: int
+
+
+def _compiled_few_channels(window, c_in, group, dtype, layout):
+    """The CompiledFewChannels of a convolution, or None where it does not serve or numba's kernels are off."""
+    if (layout != CHANNELS_FIRST or group != 1 or c_in * window.taps > FEW_CHANNEL_TAPS
+            or len(window.in_spatial) not in (1, 2)):
+        return None
+    kernel = jit.few_channels_kernel(dtype)
+    if kernel is None:
+        return None
+    window = _as_2d(window)
+    one = _compiled_planes(window, phase_grid(window), kernel)
+    size_limit.tensor_bytes((c_in * one.planes_elems + one.acc_elems,), dtype, "the phase planes")
+    offsets = np.concatenate([one.offsets + c * one.planes_elems for c in range(c_in)])
+    return CompiledFewChannels(kernel, one.fills, offsets, one.plane_w, one.plane_size, one.q_stride,
+                               one.planes_elems, c_in * one.planes_elems, one.acc_elems)
+
+
+def _conv_few_channels(x, w, bias, out, plan, scratch, activation):
+    """The "few-channels" path: out (N, Cout', *out) from w (Cout', Cin, *kernel), Cout' the plan's
+    output channels or a block of them. The first share's planes are the plan's scratch; a share on
+    another thread allocates its own."""
+    how = plan.tiles
+    c_out = out.shape[1]
+    w2 = np.ascontiguousarray(w.reshape(c_out, -1).T)  # (Cin * taps, Cout'): a few thousand elements
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
+    has_bias = bias is not None
+    bias = np.ascontiguousarray(bias) if has_bias else w2[0]  # any array of the dtype when there is none
+    one_row = len(plan.window.in_spatial) == 1
+    size = how.planes_elems + how.acc_elems
+    shares = parallel.ranges(c_out, max(1, min(parallel.current().threads,
+                                               out[0].size * how.offsets.shape[0] // COMPILED_SHARE)))
+    for n in range(out.shape[0]):
+        x_n = np.ascontiguousarray(x[n][:, None] if one_row else x[n])
+        out_n = out[n][:, None] if one_row else out[n]
+
+        def share(i):
+            own = scratch if i == 0 and scratch is not None else np.empty(size, out.dtype)
+            how.kernel(x_n, w2, bias, has_bias, out_n, own[:how.planes_elems], own[how.planes_elems:size], how.fills,
+                       how.offsets, how.plane_w, how.plane_size, how.q_stride, how.phases_size, mode, p0, p1,
+                       *shares[i])
+        parallel.current().run(share, len(shares))  # inline when there is one
+    if after is not None:
+        _bias_activation(out, None, after, CHANNELS_FIRST)
+    return out
+
+
 def _flat_rows(window, layout):
     """Whether im2col may copy whole rows as one flat run (2-D, stride 1, width kept).
 
@@ -684,6 +761,8 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
     if plan.method == "gemm-shifted":
         w_taps = w if w.ndim == 3 else shifted_taps(w, plan)
         return _conv_shifted(x, w_taps, bias, out, plan, scratch, activation)
+    if plan.method == "few-channels":
+        return _conv_few_channels(x, w, bias, out, plan, scratch, activation)
     if plan.windows is not None:
         return _conv_windows(x, w, bias, out, plan, scratch, activation)
     group, layout = plan.group, plan.layout
@@ -735,7 +814,8 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
     if plan.group != 1 or plan.method == "depthwise":
         raise ValueError("only a convolution of one group reads its weight in blocks")
     layout = plan.layout
-    single = plan.method not in ("pointwise", "gemm-shifted") and len(plan.tiles) == 1 and out.shape[0] == 1
+    single = (plan.method not in ("pointwise", "gemm-shifted", "few-channels") and len(plan.tiles) == 1
+              and out.shape[0] == 1)
     rest = math.prod(plan.window.out_spatial[1:])
     if plan.method != "pointwise" and scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
@@ -753,6 +833,9 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
             if plan.method == "gemm-shifted":
                 taps = shifted_taps(w_block, replace(plan, c_out=end - start))
                 _conv_shifted(x[n:n + 1], taps, None, out[n:n + 1], plan, scratch, None, (start, end))
+                continue
+            if plan.method == "few-channels":
+                _conv_few_channels(x[n:n + 1], w_block, None, out[n:n + 1, start:end], plan, scratch, None)
                 continue
             for tile in plan.tiles:
                 cols = _columns(x, n, tile, plan, scratch, built=single and k > 0)

@@ -118,6 +118,11 @@ def depthwise_nhwc_kernels(dtype):
     return _kernel("depthwise_nhwc", dtype)
 
 
+def few_channels_kernel(dtype):
+    """The compiled convolution of few input channels (_jit_depthwise.few_channels), as depthwise_kernel."""
+    return _kernel("few_channels", dtype)
+
+
 def max_pool_kernel(dtype):
     """The compiled max pooling (_jit_depthwise.max_pool), as depthwise_kernel."""
     return _kernel("max_pool", dtype)
@@ -202,6 +207,21 @@ def _check_depthwise_nhwc(dtype):
     return pad_channels_last, depthwise_nhwc
 
 
+def _check_few_channels(dtype):
+    from ._jit_depthwise import few_channels
+
+    # Two 1x1 channels (1 and 2) through a 1x3 window, padded one column each side: only the centre
+    # taps read them, weighted 3 and 5, plus a bias of 1: 1 + 1*3 + 2*5.
+    out = np.empty((1, 1, 1), dtype)
+    w2 = np.array([[0], [3], [0], [0], [5], [0]], dtype)
+    fills = np.array([[0, 1, 1, 2, 0, 1, 0, 1]], np.int64)
+    lo, hi = dtype.type(-np.inf), dtype.type(np.inf)
+    few_channels(np.array([[[1]], [[2]]], dtype), w2, np.ones(1, dtype), True, out, np.full(6, np.nan, dtype),
+                 np.empty(1, dtype), fills, np.array([0, 1, 2, 3, 4, 5], np.int64), 3, 3, 3, 3, CLAMP, lo, hi, 0, 1)
+    _expect("convolution of few channels", out[0, 0, 0], 14)
+    return few_channels
+
+
 def _check_max_pool(dtype):
     from ._jit_depthwise import max_pool
 
@@ -244,6 +264,7 @@ def _expect(what, got, wanted):
 
 _SELF_CHECKS = {"depthwise": _check_depthwise, "depthwise_channels_last": _check_depthwise_channels_last,
                 "depthwise_nhwc": _check_depthwise_nhwc, "max_pool": _check_max_pool,
+                "few_channels": _check_few_channels,
                 "epilogue": _check_epilogue, "erf": _check_elementwise("erf"), "gelu": _check_elementwise("gelu")}
 
 

@@ -481,7 +481,7 @@ def test_activations_larger_than_the_budget_live_in_the_file_and_their_steps_run
     U-Net's larger convolutions and the windows' c4 run as shifted GEMMs, each band too; "windows
     shifted": c1 as well, though it has 3 input channels."""
     from nnrun_tools.build_models import make
-    from nnrun.ops import conv_core
+    from nnrun.ops import conv_core, jit
 
     if name == "windows shifted":
         for limit in ("SHIFTED_MIN_PIXELS", "SHIFTED_MIN_CHANNELS", "SHIFTED_MIN_OUT_CHANNELS"):
@@ -501,7 +501,10 @@ def test_activations_larger_than_the_budget_live_in_the_file_and_their_steps_run
     assert_close(free, run_onnxruntime(model, feeds)[0])
     shifted = {s.kernel.node.name for s in free_session.plan().steps
                if getattr(getattr(s.kernel, "plan", None), "method", None) == "gemm-shifted"}
-    assert shifted == {"windows": {"c4"}, "windows shifted": {"c1", "c4"}}.get(name, shifted) and shifted
+    if name == "windows shifted" and jit.wanted():
+        assert shifted == {"c4"}  # c1, of 3 channels, takes the compiled kernel of few channels (in bands too)
+    else:
+        assert shifted == {"windows": {"c4"}, "windows shifted": {"c1", "c4"}}.get(name, shifted) and shifted
     arena = free_session.plan().arena_bytes
     for budget in (arena // 3, arena // 6):
         sess = session(tmp_path, model, budget, name=f"{name}.onnx")

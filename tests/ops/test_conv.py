@@ -177,7 +177,8 @@ def test_without_numba_nnrun_runs_and_compiled_kernels_asked_for_warn_once(tmp_p
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_small_convolutions_build_their_columns_in_one_copy(im2col):
+def test_small_convolutions_build_their_columns_in_one_copy(im2col, monkeypatch):
+    monkeypatch.delenv("NNRUN_JIT", raising=False)  # numpy's paths: compiled, 4 channels take another
     window = conv_core.make_window((9, 8), (3, 3), (2, 1), (1, 2), (1, 2, 0, 1))
     plan = conv_core.conv_plan(window, 4, 6)
     assert (plan.method == "gemm-windows") == im2col.startswith("windows")
@@ -330,7 +331,7 @@ def test_conv_many_tiles(monkeypatch, attrs, w_shape):
     window = conv_core.make_window((11, 9), w_shape[2:], attrs.get("strides"), None, attrs["pads"])
     with conv_core.scratch_limit(64):
         plan = conv_core.conv_plan(window, 3, w_shape[0], group)
-        assert plan.method == "depthwise" or len(plan.tiles) == window.out_spatial[0]
+        assert plan.method in ("depthwise", "few-channels") or len(plan.tiles) == window.out_spatial[0]
         _conv_case((2, 3, 11, 9), w_shape, attrs)
 
 
@@ -392,7 +393,7 @@ def test_large_stride_one_convolutions_take_shifted_gemms_with_their_weight_pack
 
     assert method((64, 64), 16, 16) == "gemm-shifted"
     assert method((32, 32), 128, 128) == "gemm-flat"            # 1,024 pixels: many short GEMMs
-    assert method((64, 64), 3, 16) == "gemm-flat"               # 3 channels a tap: no GEMM to speak of
+    assert method((64, 64), 3, 16) != "gemm-shifted"            # 3 channels a tap: no GEMM to speak of
     assert method((64, 64), 16, 16, (2, 2)) != "gemm-shifted"
     assert method((64, 64), 256, 256) == "gemm-flat"            # 2.4 MB of weight: blocks under a budget
     x, w, b = _data((2, 16, 64, 64)), _data((24, 16, 3, 3), 1) / 12, _data((24,), 2)
@@ -438,6 +439,74 @@ def test_shifted_gemms_read_a_weight_in_blocks_of_output_channels():
     blocks = Blocks()
     conv_core.conv(x, w, b, out, plan, activation=("Relu", {}), blocks=blocks)
     assert blocks.entered == [0, 1, 2]
+    assert_close(out, np.maximum(_onnxruntime_conv(x, w, b, attrs), 0))
+
+
+FEW_CHANNEL_CASES = [
+    # (x shape, w shape, attributes): one group, at most 36 taps over the input channels
+    ((2, 3, 13, 11), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 3, 16, 13), (4, 3, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
+    ((1, 1, 12, 11), (3, 1, 5, 5), {"pads": [2, 2, 2, 2], "dilations": [1, 2]}),
+    ((1, 4, 9, 10), (6, 4, 3, 3), {"strides": [1, 2]}),
+    ((1, 2, 7, 8), (3, 2, 2, 4), {"auto_pad": "SAME_UPPER"}),
+    ((2, 3, 20), (4, 3, 5), {"pads": [2, 1], "strides": [2]}),                  # 1-D
+    ((1, 3, 9, 9), (4, 3, 1, 1), {"strides": [2, 2], "pads": [0, 0, 1, 1]}),     # strided, padded 1x1
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", FEW_CHANNEL_CASES)
+@pytest.mark.parametrize("activation", [None, "Relu", "HardSwish", "Sigmoid"])
+def test_convolutions_of_few_channels(x_shape, w_shape, attrs, activation, kernels):
+    """With compiled kernels, a stem's convolution sums every channel's taps in one compiled loop
+    (bias and activation with it, Sigmoid after); as installed, im2col. Against onnxruntime."""
+    x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if activation else "y"], **attrs)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["c"], ["y"]))
+    model = make_model(nodes, [("x", x)], [("y", None)], [("w", w), ("b", b)])
+    sess = nnrun.InferenceSession(model.SerializeToString())
+    assert_close(sess.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0])
+    methods = [s.kernel.plan.method for s in sess.plan().steps if s.kernel.node.op_type == "Conv"]
+    if kernels == "numpy":
+        assert len(methods) == 1 and methods != ["few-channels"]
+    else:
+        assert methods == ["few-channels"]
+
+
+@needs_numba
+def test_which_convolutions_take_the_few_channels_kernel(monkeypatch):
+    monkeypatch.setenv("NNRUN_JIT", "1")
+
+    def method(c_in, kernel, group=1, layout=conv_core.CHANNELS_FIRST):
+        window = conv_core.make_window((32, 32), kernel, pads=[1] * 4)
+        return conv_core.conv_plan(window, c_in, 8, group, layout=layout).method
+    assert method(3, (3, 3)) == method(4, (3, 3)) == method(1, (5, 5)) == "few-channels"   # 27, 36, 25 taps
+    assert method(3, (7, 7)) != "few-channels"   # ResNet's stem, 147 taps: im2col is faster
+    assert method(5, (3, 3)) != "few-channels"
+    assert method(4, (3, 3), group=2) != "few-channels"
+    assert method(3, (3, 3), layout=conv_core.CHANNELS_LAST) != "few-channels"
+
+
+@needs_numba
+def test_a_few_channel_convolution_reads_its_weight_in_blocks(monkeypatch):
+    monkeypatch.setenv("NNRUN_JIT", "1")
+    x, w, b = _data((2, 3, 10, 9)), _data((7, 3, 3, 3), 1), _data((7,), 2)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 1]}
+    window = conv_core.make_window(x.shape[2:], (3, 3), attrs["strides"], pads=attrs["pads"])
+    plan = conv_core.conv_plan(window, 3, 7)
+    assert plan.method == "few-channels"
+
+    class Blocks:
+        rows = ((0, 3), (3, 7))
+
+        def enter(self, k):
+            return w[self.rows[k][0]:self.rows[k][1]]
+
+        def leave(self, k):
+            pass
+
+    out = np.full((2, 7, *window.out_spatial), np.nan, np.float32)
+    conv_core.conv(x, w, b, out, plan, activation=("Relu", {}), blocks=Blocks())
     assert_close(out, np.maximum(_onnxruntime_conv(x, w, b, attrs), 0))
 
 
@@ -528,7 +597,8 @@ def test_fused_activation(w_shape, group, activation, onnx_node, kernels):
     (expected,) = run_onnxruntime(model, {"x": x})
     kernel, (info,), spec = _kernel("Conv", Conv, {**attrs, "_activation": activation},
                                     TensorInfo.of(x), TensorInfo.of(w), TensorInfo.of(b))
-    compiled_conv = isinstance(kernel.plan.tiles, (conv_core.CompiledDepthwise, conv_core.CompiledChannelsLast))
+    compiled_conv = isinstance(kernel.plan.tiles, (conv_core.CompiledDepthwise, conv_core.CompiledChannelsLast,
+                                                   conv_core.CompiledFewChannels))  # write their own
     assert (kernel.plan.epilogue is not None) == (kernels != "numpy" and not compiled_conv)
     out = np.full(info.shape, np.nan, info.dtype)
     scratch = tuple(np.full(s, np.nan, d) for s, d in spec)
@@ -743,6 +813,7 @@ def test_tiles_grow_rather_than_the_plan(monkeypatch, layout):
     PREPARE: past it, tiles grow beyond the scratch limit, so that planning takes a bounded time
     whatever the file says. The numbers stay onnxruntime's."""
     monkeypatch.setattr(conv_core, "MAX_PLAN_SLICES", 27)
+    monkeypatch.delenv("NNRUN_JIT", raising=False)  # im2col's tiles: compiled, 3 channels take another path
     x, w = _data((2, 3, 11, 9)), _data((5, 3, 3, 3), 1)
     window = conv_core.make_window((11, 9), (3, 3), pads=[1, 1, 1, 1])
     plan = conv_core.conv_plan(window, 3, 5, layout=layout, scratch_limit=64)  # else a tile per row
