@@ -50,7 +50,6 @@ def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, 
     the planes. The sum for output row r is at [r*q_stride, r*q_stride + OW) of the accumulator.
     `mode`, `p0`, `p1`: the activation (jit.activation_mode).
     """
-    rows, width = out.shape[1], out.shape[2]
     for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
         planes[k] = 0
     zero = x.dtype.type(0)
@@ -62,12 +61,19 @@ def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, 
             _fill(planes, x[c], fills, plane_w, plane_size)
             filled = c
         _sum_taps(planes, w2[:, oc], offsets, acc)
-        b = bias[oc] if has_bias else zero
-        for r in range(rows):
-            dst = out[oc, r]
-            src = acc[r * q_stride:r * q_stride + width]
-            for m in range(width):
-                dst[m] = activate(src[m] + b, mode, p0, p1, zero, one)
+        _rows_out(out[oc], acc, q_stride, bias[oc] if has_bias else zero, mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _rows_out(out_c, acc, q_stride, b, mode, p0, p1, zero, one):
+    """One output channel (OH, OW) from the sums, row r at acc[r * q_stride:], with the bias b and
+    the activation."""
+    rows, width = out_c.shape
+    for r in range(rows):
+        dst = out_c[r]
+        src = acc[r * q_stride:r * q_stride + width]
+        for m in range(width):
+            dst[m] = activate(src[m] + b, mode, p0, p1, zero, one)
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -77,7 +83,6 @@ def few_channels(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_
     out (Cout, OH, OW); `planes`: scratch of C * phases_size, channel c's phase planes from
     c * phases_size; `offsets` (C * taps,): each channel's taps' flat starts in them; the rest as
     `depthwise`'s."""
-    rows, width = out.shape[1], out.shape[2]
     for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
         planes[k] = 0
     for c in range(x.shape[0]):
@@ -90,12 +95,7 @@ def few_channels(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_
             _sum_nines(planes, w2[:, oc], offsets, acc)
         else:
             _sum_taps(planes, w2[:, oc], offsets, acc)
-        b = bias[oc] if has_bias else zero
-        for r in range(rows):
-            dst = out[oc, r]
-            src = acc[r * q_stride:r * q_stride + width]
-            for m in range(width):
-                dst[m] = activate(src[m] + b, mode, p0, p1, zero, one)
+        _rows_out(out[oc], acc, q_stride, bias[oc] if has_bias else zero, mode, p0, p1, zero, one)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
