@@ -37,15 +37,23 @@ class Gemm:
         m, k = a.shape
         n = c.shape[1]
         item = self.dtype.itemsize
-        for name, matrix, rows, cols in (("a", a, m, k), ("b", b, k, n), ("c", c, m, n)):
-            if (matrix.dtype != self.dtype or matrix.shape != (rows, cols) or matrix.strides[1] != item
-                    or matrix.strides[0] % item or matrix.strides[0] < cols * item):
-                raise ValueError(f"gemm: {name} {matrix.shape} {matrix.dtype} strides {matrix.strides} "
-                                 f"is not a ({rows}, {cols}) {self.dtype} matrix of unit-stride rows")
+        matrices = (("a", a, m, k), ("b", b, k, n), ("c", c, m, n))
+        for name, matrix, rows, cols in matrices:
+            if matrix.dtype != self.dtype or matrix.shape != (rows, cols):
+                raise ValueError(f"gemm: {name} {matrix.shape} {matrix.dtype} is not a ({rows}, {cols}) {self.dtype} "
+                                 f"matrix")
         if not c.flags.writeable:
             raise ValueError("gemm: c is read-only")
         if m == 0 or n == 0:
             return c
+        if k == 0:  # an empty sum (the library would refuse a leading dimension of 0)
+            if not accumulate:
+                c[...] = 0
+            return c
+        for name, matrix, rows, cols in matrices:
+            if matrix.strides[1] != item or matrix.strides[0] % item or matrix.strides[0] < cols * item:
+                raise ValueError(f"gemm: {name} {matrix.shape} {matrix.dtype} strides {matrix.strides} "
+                                 f"is not a matrix of unit-stride rows apart")
         self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0,
                        a.ctypes.data, a.strides[0] // item, b.ctypes.data, b.strides[0] // item,
                        1.0 if accumulate else 0.0, c.ctypes.data, c.strides[0] // item)

@@ -56,3 +56,11 @@ def test_matrices_it_cannot_pass_by_pointer_are_refused(gemm):
     with pytest.raises(ValueError, match="read-only"):
         gemm(a, b, readonly)
     assert blas.kernel(np.float16) is None
+
+
+def test_an_empty_sum_is_zero_or_nothing_added(gemm):
+    c = np.full((2, 3), 5, gemm.dtype)
+    gemm(np.ones((2, 0), gemm.dtype), np.ones((0, 3), gemm.dtype), c, accumulate=True)
+    assert np.all(c == 5)
+    gemm(np.ones((2, 0), gemm.dtype), np.ones((0, 3), gemm.dtype), c)
+    np.testing.assert_array_equal(c, np.ones((2, 0)) @ np.ones((0, 3)))
