@@ -821,7 +821,13 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
         scratch = np.empty(plan.scratch_elems, plan.dtype)
     for k, (start, end) in enumerate(blocks.rows):
         w_block = blocks.enter(k).reshape(end - start, -1)
-        for n in range(out.shape[0]):
+        # These two walk the images themselves: the block's weight made ready once.
+        if plan.method == "gemm-shifted":
+            taps = shifted_taps(w_block, replace(plan, c_out=end - start))
+            _conv_shifted(x, taps, None, out, plan, scratch, None, (start, end))
+        elif plan.method == "few-channels":
+            _conv_few_channels(x, w_block, None, out[:, start:end], plan, scratch, None)
+        for n in range(out.shape[0] if plan.method not in ("gemm-shifted", "few-channels") else 0):
             if layout == CHANNELS_FIRST:
                 out_mat = out[n].reshape(plan.c_out, -1)[start:end]
             else:
@@ -829,13 +835,6 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
             if plan.method == "pointwise":
                 x_mat = x[n].reshape(plan.c_in, -1) if layout == CHANNELS_FIRST else x[n].reshape(-1, plan.c_in)
                 _product(w_block, x_mat, out_mat, layout)
-                continue
-            if plan.method == "gemm-shifted":
-                taps = shifted_taps(w_block, replace(plan, c_out=end - start))
-                _conv_shifted(x[n:n + 1], taps, None, out[n:n + 1], plan, scratch, None, (start, end))
-                continue
-            if plan.method == "few-channels":
-                _conv_few_channels(x[n:n + 1], w_block, None, out[n:n + 1, start:end], plan, scratch, None)
                 continue
             for tile in plan.tiles:
                 cols = _columns(x, n, tile, plan, scratch, built=single and k > 0)
