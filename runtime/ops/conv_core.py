@@ -1778,6 +1778,7 @@ class PoolPlan:
                          # (of `block` planes at a time)
     compiled: object = None  # channels first, 1-D or 2-D, with numba: a CompiledDepthwise whose kernel
                              # is max_pool (max) or depthwise (average, weights of one)
+    ones: np.ndarray | None = field(default=None, compare=False)  # compiled average: (taps, channels) ones
 
     def scratch(self):
         return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
@@ -1807,8 +1808,9 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, whole=True)
     compiled = _compiled_pool(window, kind, dtype) if layout == CHANNELS_FIRST else None
     if compiled is not None:
+        ones = np.ones((window.taps, channels), dtype) if kind == "average" else None
         return PoolPlan(window, layout, kind, (), None, 0, divisor, compiled.planes_elems + compiled.acc_elems, dtype,
-                        compiled=compiled)
+                        compiled=compiled, ones=ones)
     if layout == CHANNELS_FIRST and _inside(window):
         # No tap reads padding: each tap's inputs are a strided view of the image, reduced straight
         # into the output, no planes (PP-OCR's 2x2 max pool over 200x2x96: 44 -> 20 us).
@@ -1860,8 +1862,10 @@ def _pool_compiled(x, out, plan, scratch):
     channels = x.shape[1]
     shares = parallel.ranges(channels, max(1, min(parallel.current().threads,
                                                    out[0].size * window.taps // COMPILED_SHARE)))
+    ones = plan.ones
+    if ones is not None and ones.shape[1] != channels:  # the kernel reads a weight per channel, unchecked
+        raise ValueError(f"a pooling planned for {ones.shape[1]} channels was given {channels}")
     if plan.kind == "average":
-        ones = np.ones((window.taps, channels), out.dtype)
         mode, p0, p1, _ = jit.activation_mode(None, out.dtype)
     for n in range(out.shape[0]):
         x_n = np.ascontiguousarray(x[n][:, None] if one_row else x[n])
