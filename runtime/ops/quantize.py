@@ -475,14 +475,19 @@ class _IntegerConv(_ConvBase):
         """Shift a constant W once (its actual magnitudes may then allow a float32 accumulator),
         then plan the convolution in the accumulator's type; the scratch spec."""
         self.w_packed = None
+        w_f = None
         if w.value is not None and (w_zero_point is None or w_zero_point.value is not None):
             zp = None if w_zero_point is None else w_zero_point.value
             w_f = shifted(w.value, zp, self.w_zp_shape, np.empty(self.w_shape, np.float64))
             filter_norm = float(np.abs(w_f).reshape(len(w_f), -1).sum(axis=1).max()) if w_f.size else 0.0
             self.acc_dtype = accumulator_dtype(self.x_span * filter_norm)
-            self.w_packed = self.pack({self.w_index}, w_f.astype(self.acc_dtype, copy=False))
         self.plan = conv_core.conv_plan(self.window, self.x_shape[1], self.w_shape[0], self.group,
                                         self.acc_dtype)
+        if w_f is not None:
+            w_f = w_f.astype(self.acc_dtype, copy=False)
+            # Shifted GEMMs take their weight tap-major: packed so once, not on every run.
+            self.w_packed = self.pack({self.w_index}, conv_core.shifted_taps(w_f, self.plan)
+                                      if self.plan.method == "gemm-shifted" else w_f)
         # One scratch buffer: shifted x, the accumulator, the plan's columns, a fed W shifted.
         self.sizes = (math.prod(self.x_shape), math.prod(self.out_shape), self.plan.scratch_elems,
                       0 if self.w_packed is not None else math.prod(self.w_shape))

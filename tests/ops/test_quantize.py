@@ -13,6 +13,7 @@ import pytest
 from oracle import (FLOAT16_RTOL, TensorProto, assert_close, check_node, helper, make_model, rng, run_nnrun,
                     run_reference)
 
+import nnrun
 from nnrun import ModelError
 from nnrun.ops import exotic_types
 
@@ -290,6 +291,37 @@ def test_qlinear_conv(attrs, x_shape, w_shape, dtype, per_channel):
     check_node("QLinearConv", [("x", x), ("xs", np.array(0.05, F32)), ("xzp", np.array(4, dtype))],
                attrs, initializers=[("w", w), ("ws", w_scale), ("wzp", w_zp), ("ys", np.array(0.4, F32)),
                                     ("yzp", np.array(20, dtype)), ("b", bias)], opset=10)
+
+
+@pytest.mark.parametrize("op_type", ["ConvInteger", "QLinearConv"])
+@pytest.mark.parametrize("weights", [False, True])
+def test_quantized_convolutions_as_shifted_gemms(monkeypatch, op_type, weights):
+    """Every stride-1 2-D convolution of one group shifted (the thresholds at 0): a constant weight
+    is packed tap-major once, a fed one arranged on each run; exact against the reference."""
+    from nnrun.ops import conv_core
+
+    for limit in ("SHIFTED_MIN_PIXELS", "SHIFTED_MIN_CHANNELS", "SHIFTED_MIN_OUT_CHANNELS"):
+        monkeypatch.setattr(conv_core, limit, 0)
+    monkeypatch.delenv("NNRUN_JIT", raising=False)  # compiled, 2 channels would take another kernel
+    x, w = ints((2, 2, 6, 7), U8), ints((3, 2, 3, 3), U8, seed=1)
+    attrs = {"pads": [1, 0, 1, 2]}
+    if op_type == "ConvInteger":
+        zps = [("xzp", np.array(100, U8)), ("wzp", np.array(7, U8))]
+        inputs, params = [("x", x)], [("w", w)] + zps
+    else:
+        zps = [("ws", np.array(0.02, F32)), ("wzp", np.array(5, U8)), ("ys", np.array(0.4, F32)),
+               ("yzp", np.array(20, U8))]
+        inputs, params = [("x", x), ("xs", np.array(0.05, F32)), ("xzp", np.array(4, U8))], [("w", w)] + zps
+    if not weights:
+        inputs, params = inputs + params, []
+    model = make_model([helper.make_node(op_type, [n for n, _ in inputs + params], ["y"], **attrs)],
+                       inputs, [("y", None)], params, opset=10)
+    sess = nnrun.InferenceSession(model.SerializeToString())
+    feeds = {n: a for n, a in inputs}
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], run_reference(model, feeds)[0])
+    kernel = sess.plan().steps[0].kernel
+    assert kernel.plan.method == "gemm-shifted"
+    assert (kernel.w_packed is not None and kernel.w_packed.shape == (9, 3, 2)) == weights
 
 
 # --- exotic_types: conversions against the reference evaluator's Cast ------------------------
