@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import nnrun
+from nnrun.weights import ExternalData
 from nnrun_tools.build_models import ensure
 from oracle import WHOLE_MODEL_RTOL, assert_close, run_onnxruntime_path
 
@@ -93,3 +94,6 @@ def test_aligned_external_weights_are_used_as_they_lie():
     assert plan["weights_packed_bytes"] == sum(k.w_shifted.nbytes for k in shifted) < 2e6
     assert plan["weights_anonymous_bytes"] == 0
     assert plan["weights_released_bytes"] == 0
+    # and PREPARE read none of them (the subnormals' sample is read from the file, not the mapping)
+    data = {w.source for w in sess.graph.initializers.values() if isinstance(w, ExternalData)}
+    assert len(data) == 1 and data.pop().resident_bytes() < 0.01 * plan["weights_mapped_bytes"]

@@ -12,10 +12,15 @@ from nnrun.compiler.denormals import SAMPLE, count_subnormal, flushed
 
 TINY = np.finfo(np.float32).tiny
 
-def session(model, disabled=()):
+def session(model, disabled=(), path=None):
+    """A session of `model`, from its bytes or, given `path`, from that file (its weights mapped)."""
     options = nnrun.SessionOptions()
     options.disabled_passes = set(disabled)
-    return nnrun.InferenceSession(model.SerializeToString(), sess_options=options)
+    options.weight_cache_dir = None
+    if path is None:
+        return nnrun.InferenceSession(model.SerializeToString(), sess_options=options)
+    path.write_bytes(model.SerializeToString())
+    return nnrun.InferenceSession(str(path), sess_options=options)
 
 def subnormals_read(sess):
     """Subnormal values in the float32 constants the last run's plan read."""
@@ -50,15 +55,18 @@ def pointwise_model(w):
                                                                               np.float32))],
                       [("y", None)], [("w", w)])
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["bytes", "file"])
 @pytest.mark.parametrize("shape, fraction", [((16, 8, 1, 1), 0.4), ((64, 512, 1, 1), 0.01)])
-def test_subnormal_weights_are_flushed_and_the_outputs_match_onnxruntime(shape, fraction):
-    # the second weight is above the sample's size: found through the sample, then scanned whole
+def test_subnormal_weights_are_flushed_and_the_outputs_match_onnxruntime(shape, fraction, mapped, tmp_path):
+    # the second weight is above the sample's size: found through the sample (read from the file
+    # when the model is mapped), then scanned whole
     w = with_subnormals(rng(1).standard_normal(shape).astype(np.float32), fraction)
     assert count_subnormal(w) > 0 and (w.size > 4 * SAMPLE) == (shape[1] == 512)
     model = pointwise_model(w)
     x = rng(2).standard_normal((1, shape[1], 9, 9)).astype(np.float32)
     check_model(model, {"x": x}, rtol=1e-5)
-    on, off = session(model), session(model, {"flush_denormals"})
+    path = (lambda name: tmp_path / name) if mapped else (lambda name: None)
+    on, off = session(model, path=path("on.onnx")), session(model, {"flush_denormals"}, path("off.onnx"))
     on.run(None, {"x": x})
     off.run(None, {"x": x})
     assert subnormals_read(on) == 0 and subnormals_read(off) == count_subnormal(w)
