@@ -78,15 +78,17 @@ def _rows_out(out_c, acc, q_stride, b, mode, p0, p1, zero, one):
 
 @njit(nogil=True, cache=True, boundscheck=False)
 def few_channels(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, plane_size, q_stride,
-                 phases_size, mode, p0, p1, o0, o1):
+                 phases_size, fill, mode, p0, p1, o0, o1):
     """out[o0:o1] of one image. x (C, H, W); w2 (C * taps, Cout), row c * taps + t channel c's tap t;
     out (Cout, OH, OW); `planes`: scratch of C * phases_size, channel c's phase planes from
-    c * phases_size; `offsets` (C * taps,): each channel's taps' flat starts in them; the rest as
-    `depthwise`'s."""
-    for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
-        planes[k] = 0
-    for c in range(x.shape[0]):
-        _fill(planes[c * phases_size:(c + 1) * phases_size], x[c], fills, plane_w, plane_size)
+    c * phases_size, made first when `fill` (a call over no output channel only makes them; threads
+    summing ranges of output channels then share them, each with its own `acc`); `offsets`
+    (C * taps,): each channel's taps' flat starts in them; the rest as `depthwise`'s."""
+    if fill:
+        for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
+            planes[k] = 0
+        for c in range(x.shape[0]):
+            _fill(planes[c * phases_size:(c + 1) * phases_size], x[c], fills, plane_w, plane_size)
     zero = x.dtype.type(0)
     one = x.dtype.type(1)
     nines = offsets.shape[0] % 9 == 0

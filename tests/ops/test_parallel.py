@@ -151,7 +151,8 @@ def test_a_residual_sum_and_its_relu_split(split_everything):
 
 
 @pytest.mark.parametrize("w_shape, attrs", [
-    ((8, 3, 3, 3), {"pads": [1, 1, 1, 1]}),                  # im2col, tiled
+    ((8, 3, 3, 3), {"pads": [1, 1, 1, 1]}),                  # im2col, tiled; compiled: few channels
+    ((7, 3, 3, 3), {"pads": [1, 0, 1, 1], "strides": [2, 2]}),  # few channels, their planes shared
     ((8, 3, 1, 1), {}),                                      # pointwise
     ((6, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 3}),      # depthwise-like grouped (multiplier 2)
     ((3, 1, 5, 5), {"pads": [2, 2, 2, 2], "group": 3}),      # depthwise
