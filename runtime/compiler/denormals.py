@@ -7,15 +7,15 @@ drives unused ones there (PP-OCRv6's detector has 1x1 convolutions whose weights
 changes each product by less than 1.2e-38 times an activation: nothing a float32 sum of
 normal values can show.
 
-A weight is scanned whole when small. A large one is scanned in a sample first, and whole
-only when the sample finds a subnormal: the slowdown is in proportion to how many there
-are, and a sample of `SAMPLE` elements finds a fraction of 0.1% or more with probability
-above 98% (spread evenly; 1% of whole rows, as a dead filter leaves, above 92%). The
-sample is `RUNS` evenly spaced runs of contiguous elements, read from the file with pread
-when the weight is mapped: touching the mapping would make its pages resident, and with
-the kernel's read-around (or a file cached in large folios) one touch every 100 KB is a
-read of the whole weight. So a model without subnormals pays `RUNS` small reads per large
-weight at PREPARE, and a weight used where it lies is still not resident before it is run.
+A weight is scanned whole when small. A large one is scanned in a sample, and flushed when
+the sample finds a subnormal: the slowdown is in proportion to how many there are, and a
+sample of `SAMPLE` elements finds a fraction of 0.1% or more with probability above 98%
+(spread evenly; 1% of whole rows, as a dead filter leaves, above 92%). The sample is `RUNS`
+evenly spaced runs of contiguous elements. Both are read from the file with pread when the
+weight is mapped: touching the mapping would make its pages resident, and with the kernel's
+read-around (or a file cached in large folios) one touch every 100 KB is a read of the whole
+weight. So a model without subnormals pays one read per small weight and `RUNS` small reads
+per large one at PREPARE, and a weight used where it lies is not resident before it is run.
 A weight that has them is replaced by a packed copy (made through the weight cache when
 there is one); the mapped original is released.
 """
@@ -25,7 +25,7 @@ import numpy as np
 from ..weights import ExternalData, weight_array
 from .rewrite import weight_identity
 
-SAMPLE = 4096  # elements looked at in a large weight before it is scanned whole
+SAMPLE = 4096  # elements looked at in a large weight
 RUNS = 256  # the sample's runs of contiguous elements (16 each: one cache line of float32)
 _CHUNK = 1 << 18  # elements per step of a whole scan or flush: no temporary of a weight's size
 
@@ -52,20 +52,23 @@ def count_subnormal(array):
     return count
 
 
-def _sample_has_subnormal(weight):
+def _has_subnormal(weight):
+    """Whether a small weight has a subnormal value, or a large one's sample has."""
     size = int(np.prod(weight.shape, dtype=np.int64))
     if size <= 4 * SAMPLE:
-        return True  # small: scanned whole anyway
+        return count_subnormal(_runs(weight, np.zeros(1, np.int64), size)) > 0
     run = SAMPLE // RUNS
-    starts = np.linspace(0, size - run, RUNS).astype(np.int64)
+    return count_subnormal(_runs(weight, np.linspace(0, size - run, RUNS).astype(np.int64), run)) > 0
+
+
+def _runs(weight, starts, run):
+    """The elements [s, s + run) of the flat weight for each s of `starts`, one after another; read
+    from the file with pread when the weight is mapped from one, so its pages stay untouched."""
     if isinstance(weight, ExternalData) and weight.source.file is not None:
         item = weight.dtype.itemsize
-        at = weight.offset + starts * item
-        raw = b"".join(weight.source.read(int(a), int(a) + run * item) for a in at)
-        picked = np.frombuffer(raw, weight.dtype.newbyteorder("<")).astype(weight.dtype.newbyteorder("="))
-    else:
-        picked = weight_array(weight).reshape(-1)[(starts[:, None] + np.arange(run)).reshape(-1)]
-    return count_subnormal(picked) > 0
+        raw = b"".join(weight.source.read(int(a), int(a) + run * item) for a in weight.offset + starts * item)
+        return np.frombuffer(raw, weight.dtype.newbyteorder("<")).astype(weight.dtype.newbyteorder("="))
+    return weight_array(weight).reshape(-1)[(starts[:, None] + np.arange(run)).reshape(-1)]
 
 
 def flushed(array):
@@ -91,11 +94,9 @@ def flush_denormal_weights(weights, used, keep=None, copied=lambda weight: None)
         weight = weights.get(name)
         if weight is None or np.dtype(weight.dtype) not in _BITS:
             continue
-        if 0 in weight.shape or not _sample_has_subnormal(weight):
+        if 0 in weight.shape or not _has_subnormal(weight):
             continue
         array = weight_array(weight)
-        if count_subnormal(array) == 0:
-            continue
         weights[name] = keep(f"flush_denormals/{array.dtype.str}{array.shape}/{weight_identity(weight)}",
                              lambda array=array: flushed(array))
         copied(weight)

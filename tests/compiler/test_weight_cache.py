@@ -11,12 +11,13 @@ import warnings
 import numpy as np
 import pytest
 from graphs import packing_model
-from oracle import assert_close, rng, run_onnxruntime
+from oracle import assert_close, helper, make_model, rng, run_onnxruntime
 
 import nnrun
 from nnrun.compiler import rewrite
 from nnrun.compiler.weight_cache import cache_key
 from nnrun.loader import load_model
+from nnrun.weights import ExternalData
 
 
 X = {"x": rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32)}
@@ -106,6 +107,29 @@ def test_another_model_or_other_passes_get_another_key(tmp_path):
     assert cache_key(a) != cache_key(b)
     assert cache_key(a) != cache_key(a, {"fold_batchnorm"})
     assert cache_key(a) == cache_key(load_model(a.path))
+
+
+def test_the_key_reads_the_file_not_the_mapping_and_sees_a_weights_ends(tmp_path):
+    # The key hashes every byte outside the payloads and each payload's first and last 64 bytes,
+    # read with pread: computing it leaves no page of the mapping resident.
+    w = [rng(k).standard_normal((32, 32, 3, 3)).astype(np.float32) for k in range(3)]  # mapped, 37 KB each
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]), helper.make_node("Conv", ["a", "w1"], ["b"]),
+             helper.make_node("Conv", ["b", "w2"], ["y"])]
+    path = saved(tmp_path, make_model(nodes, [("x", (np.float32, [1, 32, 9, 9]))], [("y", None)],
+                                      [(f"w{k}", w[k]) for k in range(3)]))
+    graph = load_model(path)
+    key = cache_key(graph)
+    assert graph.source.resident_bytes() == 0
+    weight = max((w for w in graph.initializers.values() if isinstance(w, ExternalData)), key=lambda w: w.nbytes)
+    assert weight.nbytes > 2 * 64
+    stat = os.stat(path)
+    for at in (weight.offset, weight.offset + weight.nbytes - 1):  # its first byte, then its last
+        data = bytearray(open(path, "rb").read())
+        data[at] ^= 0xFF
+        edited = tmp_path / f"edited{at}.onnx"
+        edited.write_bytes(bytes(data))
+        os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and time
+        assert cache_key(load_model(str(edited))) != key
 
 
 def _serve(path, directory, queue):
