@@ -42,7 +42,7 @@ from .denormals import flush_denormal_weights
 from .fuse_patterns import fuse_patterns
 from .inline import inlined, taken_branch
 from .rewrite import (capture_outer_values, constants_as_weights, drop_identities, fold_batchnorm, fold_conv_bias,
-                      fuse_activations)
+                      fuse_activations, passes_through, renamed_inputs)
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
                      frozen_map)
 
@@ -134,7 +134,7 @@ def _compile_graph(graph, feeds, options, constants, planner, packer, limit):
     nodes = run("fuse_patterns", fuse_patterns_pass, nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"),
-                 run.enabled("inline_if"), limit)
+                 run.enabled("inline_if"), limit, run.enabled("drop_identities"))
     run("check_output_types", check_output_types, shaped, graph)
     shaped = run("drop_dead", drop_dead, shaped, context)
     prepared = run("prepare_kernels", prepare_kernels, shaped, context, limit)
@@ -251,9 +251,11 @@ def _weight_info(w):
                       weight=w if isinstance(w, ExternalData) else None)
 
 
-def infer_shapes(nodes, context, fold, inline=True, limit=None):
+def infer_shapes(nodes, context, fold, inline=True, limit=None, pass_through=True):
     """Each node's shape rule on concrete shapes, in order; with `fold`, known values computed now;
-    with `inline`, an If whose condition is known by then is replaced by the branch it takes.
+    with `inline`, an If whose condition is known by then is replaced by the branch it takes, and
+    with `pass_through` (drop_identities), an Identity or Dropout among the branch's nodes hands its
+    input on as drop_identities does before (the nodes after it read the input itself).
     Every feed and every output a shape rule gives is checked against `limit`
     (max_tensor_bytes; None: the limit in force) before anything is made of it.
 
@@ -277,8 +279,18 @@ def infer_shapes(nodes, context, fold, inline=True, limit=None):
     dynamic = {name for name, (shape, _) in context.feeds.items() if shape is None}
     defined = set(infos) | {o for node in nodes.nodes for o in node.outputs if o}  # for inline_if
     pending = list(reversed(nodes.nodes))  # a stack: an inlined If pushes its branch's nodes
+    renamed = {}  # the output of a dropped Identity of an inlined branch -> the value it hands on
     while pending:
         node = pending.pop()
+        if renamed:
+            node = renamed_inputs(node, renamed)
+        if (pass_through and passes_through(node) and node.inputs[0] in infos
+                and node.outputs[0] not in context.outputs):
+            renamed[node.outputs[0]] = node.inputs[0]
+            infos[node.outputs[0]] = infos.get(node.inputs[0])
+            if node.inputs[0] in dynamic:
+                dynamic.add(node.outputs[0])
+            continue
         pass_name = "infer_shapes"
         cond = infos.get(node.inputs[0]) if inline and node.inputs and node.inputs[0] else None
         branch = taken_branch(node, cond, defined) if cond is not None else None

@@ -6,7 +6,7 @@ costs a body executor per run (a plan lookup, an arena, a step loop), and the bo
 weights, which it reads from the outer scope, are fed to it rather than known, so what
 it computes from them (an LSTM's Slice/Concat of its weights) is computed every run.
 Inlined, the branch's nodes are the graph's own: they fold, fuse and are placed like
-any other, and an Identity hands each branch output to the If's output.
+any other, and the node that makes each branch output writes the If's output itself.
 
 Names are kept as the branch has them, which ONNX makes unique against the outer
 scope; an If whose branch defines a name the graph knows already (two sibling branches
@@ -33,10 +33,20 @@ def taken_branch(node, cond, defined):
 
 def inlined(node, branch):
     """(nodes, weights) that stand for `node` taking `branch`: the branch's nodes (outer values
-    their own subgraphs read made explicit), then an Identity per output of the If."""
+    their own subgraphs read made explicit), the node that makes a branch output writing the If's
+    output itself; an Identity hands on an output the branch does not make (an outer value, one
+    of its initializers) or makes for a second output too."""
     nodes = capture_outer_values(list(branch.nodes))
+    made = {name for n in nodes for name in n.outputs if name}
+    renamed = {}  # branch output -> the If output its node now writes
+    for inner, outer in zip(branch.outputs, node.outputs):
+        if outer and inner.name in made and inner.name not in renamed:
+            renamed[inner.name] = outer
+    if renamed:  # a node's subgraphs read their captured values as inputs: renaming those is enough
+        nodes = [Node(n.name, n.op_type, n.domain, [renamed.get(i, i) for i in n.inputs],
+                      [renamed.get(o, o) for o in n.outputs], n.attrs, n.index) for n in nodes]
     for k, (inner, outer) in enumerate(zip(branch.outputs, node.outputs)):
-        if outer:
-            nodes.append(Node(f"{node.name or 'If'}/output{k}", "Identity", "", [inner.name], [outer], {},
-                              node.index))
+        if outer and renamed.get(inner.name) != outer:
+            nodes.append(Node(f"{node.name or 'If'}/output{k}", "Identity", "", [renamed.get(inner.name, inner.name)],
+                              [outer], {}, node.index))
     return nodes, dict(branch.initializers)

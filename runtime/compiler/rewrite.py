@@ -200,17 +200,24 @@ def drop_identities(nodes, graph_outputs):
     names them), so renaming its inputs is safe too."""
     renamed, kept = {}, []
     for node in nodes:
-        inputs = [renamed.get(name, name) for name in node.inputs]
-        if _passes_through(node) and inputs[0] and node.outputs[0] not in graph_outputs:
-            renamed[node.outputs[0]] = inputs[0]
+        node = renamed_inputs(node, renamed)
+        if passes_through(node) and node.inputs[0] and node.outputs[0] not in graph_outputs:
+            renamed[node.outputs[0]] = node.inputs[0]
             continue
-        if inputs != node.inputs:
-            node = Node(node.name, node.op_type, node.domain, inputs, list(node.outputs), node.attrs, node.index)
         kept.append(node)
     return kept
 
 
-def _passes_through(node):
+def renamed_inputs(node, renamed):
+    """`node` reading renamed[name] for each input name that `renamed` holds (itself if none)."""
+    inputs = [renamed.get(name, name) for name in node.inputs]
+    if inputs == node.inputs:
+        return node
+    return Node(node.name, node.op_type, node.domain, inputs, list(node.outputs), node.attrs, node.index)
+
+
+def passes_through(node):
+    """Whether `node` hands its first input on unchanged: Identity, and Dropout at inference."""
     if node.domain or not node.inputs or len(node.outputs) < 1:
         return False
     if node.op_type == "Identity":

@@ -155,6 +155,30 @@ def test_an_if_whose_condition_is_known_becomes_its_branch(inner_if):
     assert "If" in [s.op_type for s in off._last.steps]
 
 
+def test_an_inlined_branch_leaves_no_identity_steps():
+    # The taken branch makes its first output through an Identity of its own, gives one value as
+    # two outputs, and gives an initializer of its own: each If output is written by the node that
+    # makes it or handed on, with no step of its own.
+    c = helper.make_tensor("c", 1, [2, 3], rng(4).standard_normal(6).astype(np.float32))
+    branch = helper.make_graph([helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Identity", ["n"], ["i"])],
+                               "then", [], [helper.make_tensor_value_info(v, 1, None) for v in ("i", "n", "n", "c")],
+                               [c])
+    other = helper.make_graph([helper.make_node("Abs", ["x"], ["a"])], "else", [],
+                              [helper.make_tensor_value_info("a", 1, None)] * 4)
+    nodes = [helper.make_node("If", ["yes"], ["p", "q", "r", "s"], then_branch=branch, else_branch=other),
+             helper.make_node("Add", ["p", "q"], ["pq"]), helper.make_node("Mul", ["r", "s"], ["rs"]),
+             helper.make_node("Sub", ["pq", "rs"], ["z"])]
+    model = make_model(nodes, [("x", np.zeros((2, 3), np.float32))], [("z", None), ("q", None), ("s", None)],
+                       [("yes", np.array(True))])
+    x = rng(3).standard_normal((2, 3)).astype(np.float32)
+    check_model(model, {"x": x}, oracle="reference")  # onnxruntime mistakes a branch output given twice
+    on, off = session(model), session(model, {"drop_identities"})
+    for sess in (on, off):
+        sess.run(None, {"x": x})
+    assert [s.op_type for s in on._last.steps] == ["Neg", "Add", "Mul", "Sub"]  # s, a constant, is folded
+    assert [s.op_type for s in off._last.steps].count("Identity") == 2  # the branch's own, and n given twice
+
+
 def test_an_if_whose_branch_reuses_a_name_of_the_graph_stays_an_if():
     branch = helper.make_graph([helper.make_node("Neg", ["x"], ["z"])], "b", [],
                                [helper.make_tensor_value_info("z", 1, None)])
