@@ -255,7 +255,8 @@ def infer_shapes(nodes, context, fold, inline=True, limit=None, pass_through=Tru
     """Each node's shape rule on concrete shapes, in order; with `fold`, known values computed now;
     with `inline`, an If whose condition is known by then is replaced by the branch it takes, and
     with `pass_through` (drop_identities), an Identity or Dropout among the branch's nodes hands its
-    input on as drop_identities does before (the nodes after it read the input itself).
+    input on as drop_identities does before (the nodes after it read the input itself), and so does
+    a node whose output is its input unchanged on these shapes (a Cast to the input's own type).
     Every feed and every output a shape rule gives is checked against `limit`
     (max_tensor_bytes; None: the limit in force) before anything is made of it.
 
@@ -339,6 +340,11 @@ def infer_shapes(nodes, context, fold, inline=True, limit=None, pass_through=Tru
                 out_infos = fold_constants(kernel, derived, in_infos, out_infos, limit)
         except Exception as e:  # noqa: BLE001 - every failure must name the node
             raise_located(e, "PREPARE", pass_name, node)
+        if pass_through and _unchanged(node, in_infos, out_infos, context.outputs):
+            # a Cast to its own type, a Reshape to its own shape: the nodes after it read the input
+            renamed[node.outputs[0]] = node.inputs[0]
+            infos[node.outputs[0]] = infos[node.inputs[0]]
+            continue
         if context.packer is not None:
             out_infos = _kept_in_cache(context.packer, node, in_infos, out_infos)
         for name, info in zip(node.outputs, out_infos):
@@ -350,6 +356,16 @@ def infer_shapes(nodes, context, fold, inline=True, limit=None, pass_through=Tru
         if name not in infos:
             raise ModelError(f"graph output {name!r} is produced by no node")
     return Shaped(tuple(steps), frozen_map(infos))
+
+
+def _unchanged(node, in_infos, out_infos, graph_outputs):
+    """Whether `node`'s one output is its first input as it is: its buffer (alias), shape and type,
+    a value known only per run, and not a graph output (which must be produced by that name)."""
+    if len(out_infos) != 1 or len(node.outputs) != 1 or node.outputs[0] in graph_outputs or not in_infos:
+        return False
+    out, source = out_infos[0], in_infos[0]
+    return (out.alias_of == 0 and out.value is None and source is not None and source.value is None
+            and tuple(out.shape) == tuple(source.shape) and out.dtype == source.dtype)
 
 
 CACHED_VALUE_MIN_BYTES = 4096  # smaller values made at PREPARE stay in memory

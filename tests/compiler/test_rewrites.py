@@ -179,6 +179,24 @@ def test_an_inlined_branch_leaves_no_identity_steps():
     assert [s.op_type for s in off._last.steps].count("Identity") == 2  # the branch's own, and n given twice
 
 
+def test_casts_and_reshapes_that_change_nothing_leave_no_steps():
+    # A Cast to the input's own type and a Reshape to its own shape (known once shapes are: the
+    # target read from a Shape) are handed on; one that changes something, or makes a graph
+    # output, stays.
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["c"], to=1),
+             helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Reshape", ["c", "shape"], ["s"]),
+             helper.make_node("Neg", ["s"], ["n"]), helper.make_node("Cast", ["n"], ["d"], to=11),
+             helper.make_node("Cast", ["n"], ["e"], to=1)]
+    model = make_model(nodes, [("x", np.zeros((2, 3), np.float32))], [("d", None), ("e", None)])
+    x = rng(5).standard_normal((2, 3)).astype(np.float32)
+    check_model(model, {"x": x})
+    on, off = session(model), session(model, {"drop_identities"})
+    for sess in (on, off):
+        sess.run(None, {"x": x})
+    assert [s.op_type for s in on._last.steps] == ["Relu", "Neg", "Cast", "Cast"]
+    assert [s.op_type for s in off._last.steps] == ["Relu", "Cast", "Reshape", "Neg", "Cast", "Cast"]
+
+
 def test_an_if_whose_branch_reuses_a_name_of_the_graph_stays_an_if():
     branch = helper.make_graph([helper.make_node("Neg", ["x"], ["z"])], "b", [],
                                [helper.make_tensor_value_info("z", 1, None)])
