@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from . import parallel
 from .registry import Inferred, Kernel, TensorInfo, register
 
 # TensorProto element types allowed as LayerNormalization's stash_type.
@@ -64,6 +65,11 @@ def divide_by_rms(work, epsilon):
     np.reciprocal(inv, out=inv)
     np.multiply(work, inv, out=work)
     return inv
+
+
+def _scale_shift(y, x, factor, offset):
+    np.multiply(x, factor, out=y)
+    np.add(y, offset, out=y)
 
 
 @register("BatchNormalization", since=1)
@@ -122,8 +128,7 @@ class BatchNormalization(_Normalization):
         else:
             factor, offset = self.coefficients(scale, b, mean, var, x.dtype)
         y = outs[0]
-        np.multiply(x, factor, out=y)
-        np.add(y, offset, out=y)
+        parallel.elementwise(_scale_shift, y, x, factor, offset)  # in shares on the run's threads when large
         return y
 
     def run_training(self, x, scale, b, mean, var, outs):
@@ -174,16 +179,23 @@ class LayerNormalization(_Normalization):
         size = math.prod(normalized)
         rows = x.reshape(-1, size)
         y = outs[0].reshape(rows.shape)
+        stats = [out.reshape(rows.shape[0], 1) if out is not None else None for out in outs[1:]]
+        scale = _flat(scale, normalized)
+        b = _flat(b, normalized) if b is not None else None
         dtype = np.result_type(x.dtype, self.stash)
-        work, mean, inv_std = _standardize(rows, self.epsilon, dtype, out=y)
-        np.multiply(work, _flat(scale, normalized), out=work)
-        if b is not None:
-            np.add(work, _flat(b, normalized), out=work)
-        if work is not y:
-            np.copyto(y, work, casting="unsafe")
-        for out, stat in zip(outs[1:], (mean, inv_std)):
-            if out is not None:
-                np.copyto(out.reshape(stat.shape), stat, casting="unsafe")
+
+        def rows_from(cut):  # the rows `cut` selects: a large input in ranges on the run's threads
+            target = y[cut]
+            work, mean, inv_std = _standardize(rows[cut], self.epsilon, dtype, out=target)
+            np.multiply(work, scale, out=work)
+            if b is not None:
+                np.add(work, b, out=work)
+            if work is not target:
+                np.copyto(target, work, casting="unsafe")
+            for out, stat in zip(stats, (mean, inv_std)):
+                if out is not None:
+                    np.copyto(out[cut], stat, casting="unsafe")
+        parallel.over_leading(rows.shape, rows_from, kept={0})
 
 
 def _flat(p, shape):
@@ -212,9 +224,13 @@ class InstanceNormalization(_Normalization):
         rows = x.reshape(n * c, -1)
         y = outs[0].reshape(rows.shape)
         dtype = np.result_type(x.dtype, np.float32)
-        work, _, _ = _standardize(rows, self.epsilon, dtype, out=y)
-        planes = work.reshape(n, c, -1)
-        np.multiply(planes, scale.reshape(c, 1), out=planes)
-        np.add(planes, b.reshape(c, 1), out=planes)
-        if work is not y:
-            np.copyto(y, work, casting="unsafe")
+
+        def rows_from(cut):  # the (image, channel) rows `cut` selects, in ranges when large
+            target = y[cut]
+            work, _, _ = _standardize(rows[cut], self.epsilon, dtype, out=target)
+            channel = np.arange(n * c)[cut] % c
+            np.multiply(work, scale[channel][:, None], out=work)
+            np.add(work, b[channel][:, None], out=work)
+            if work is not target:
+                np.copyto(target, work, casting="unsafe")
+        parallel.over_leading(rows.shape, rows_from, kept={0})

@@ -15,6 +15,7 @@ variable, so sessions of different sizes may run at once in different threads.
 import contextvars
 import functools
 import itertools
+import math
 import os
 import queue
 import threading
@@ -179,6 +180,25 @@ def over_axis(length, elements, work):
         return
     spans = ranges(length, count)
     current().run(lambda i: work(*spans[i]), len(spans))
+
+
+def over_leading(shape, work, kept=None):
+    """work(index) for index tuples that cut [start, end) of one axis of an op over `shape`, in
+    shares on the run's threads: the first axis longer than 1 when every axis before it has
+    length 1 (so a cut of a contiguous array stays contiguous), and one of `kept` when given.
+    Where there is none, or the op is small, work((...,)) once: the whole, even of a 0-d array."""
+    count = parts(math.prod(shape))
+    axis = None
+    if count > 1:
+        for a, n in enumerate(shape):
+            if n > 1:
+                axis = a if kept is None or a in kept else None
+                break
+    if axis is None:
+        work((Ellipsis,))
+        return
+    lead = (slice(None),) * axis
+    over_axis(shape[axis], math.prod(shape), lambda start, end: work(lead + (slice(start, end),)))
 
 
 def elementwise(op, out, *operands):

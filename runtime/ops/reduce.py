@@ -19,6 +19,7 @@ import string
 import numpy as np
 
 from ..errors import ModelError
+from . import parallel
 from .registry import Inferred, Kernel, TensorInfo, register
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -66,7 +67,7 @@ class Reduce(Kernel):
             elif axes == tuple(range(len(axes))):
                 matvec = "columns"
         return Inferred([TensorInfo(shape, x.dtype)], reduced=reduced, kept_shape=kept_shape, count=count,
-                        matvec=matvec)
+                        matvec=matvec, kept=frozenset(range(rank)) - frozenset(axes))
 
     def prepare(self, x, axes_input=None):
         if axes_input is not None:
@@ -84,8 +85,10 @@ class Reduce(Kernel):
         out = outs[0].reshape(self.kept_shape)
         if self.count == 0:
             out.fill(self.empty(out.dtype))
-        else:
-            self.reduce(x, out, scratch)
+            return
+        # a large one in ranges of a kept axis on the run's threads (input, output and scratch cut alike)
+        parallel.over_leading(x.shape, lambda cut: self.reduce(x[cut], out[cut], tuple(s[cut] for s in scratch)),
+                              kept=self.kept)
 
     def empty(self, dtype):
         if self.empty_value is None:
@@ -135,11 +138,11 @@ class SumOfSquares:
         letters = string.ascii_letters[:len(x.shape)]
         kept = "".join(c for i, c in enumerate(letters) if i not in reduced)
         subscripts = f"{letters},{letters}->{kept}"
-        einsum_shape = tuple(d for i, d in enumerate(x.shape) if i not in reduced)
-        return Inferred(infos, subscripts=subscripts, einsum_shape=einsum_shape)
+        return Inferred(infos, subscripts=subscripts)
 
     def sum_of_squares(self, x, out):
-        np.einsum(self.subscripts, x, x, out=out.reshape(self.einsum_shape))
+        shape = tuple(d for i, d in enumerate(out.shape) if i not in self.reduced)  # of out, or of a cut of it
+        np.einsum(self.subscripts, x, x, out=out.reshape(shape))
 
 
 def _define(name, reduce=None, empty_value=None, ufunc=None, scratch=None, mixins=(),

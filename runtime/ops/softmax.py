@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
+from . import parallel
 from .registry import FUSED, Inferred, Kernel, TensorInfo, register
 
 
@@ -72,7 +73,10 @@ class SoftmaxFamily(Kernel):
     def run(self, x, *, outs, scratch):
         if outs[0].size == 0:
             return
-        self.compute(x.reshape(self.view), outs[0].reshape(self.view), scratch)
+        x, y = x.reshape(self.view), outs[0].reshape(self.view)
+        # a large one in ranges of its slices on the run's threads (the view's axis 0)
+        parallel.over_leading(self.view, lambda cut: self.compute(x[cut], y[cut], tuple(s[cut] for s in scratch)),
+                              kept={0})
 
 
 

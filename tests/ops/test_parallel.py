@@ -163,3 +163,70 @@ def test_convolution_bias_and_activation_split(split_everything, w_shape, attrs,
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node(activation, ["c"], ["y"])]
     model = make_model(nodes, [("x", x)], [("y", None)], [("w", w), ("b", b)])
     _check_split(model, {"x": x}, split_everything)
+
+
+@pytest.mark.parametrize("op, opset, attrs, shape", [
+    ("Softmax", 13, {}, (2, 3, 5, 7)),                   # over the last axis: 30 slices
+    ("Softmax", 13, {"axis": 1}, (4, 3, 5)),              # a middle axis: (outer, n, inner) slices
+    ("Softmax", 11, {"axis": 2}, (3, 4, 5, 2)),           # coerced to a matrix
+    ("LogSoftmax", 13, {}, (1, 6, 9)),                   # the first axis of one: cut along the next
+    ("Hardmax", 13, {}, (5, 8)),
+])
+def test_softmax_family_splits(split_everything, op, opset, attrs, shape):
+    x = _data(shape) * 3
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", x)], [("y", None)], opset=opset)
+    _check_split(model, {"x": x}, split_everything)
+
+
+@pytest.mark.parametrize("axis, stats", [(-1, False), (-1, True), (1, True)])
+def test_layer_normalization_splits(split_everything, axis, stats):
+    x, scale, b = _data((1, 6, 4, 5)), _data((5,), 1), _data((5,), 2)  # rows of 5: 24 of them
+    if axis == 1:  # rows of 6 x 4 x 5: one per image
+        x, scale, b = _data((3, 6, 4, 5)), _data((6, 4, 5), 1), _data((6, 4, 5), 2)
+    outputs = ["y", "mean", "inv"] if stats else ["y"]
+    node = helper.make_node("LayerNormalization", ["x", "scale", "b"], outputs, axis=axis)
+    model = make_model([node], [("x", x)], [(name, None) for name in outputs], [("scale", scale), ("b", b)], opset=17)
+    _check_split(model, {"x": x}, split_everything)
+
+
+@pytest.mark.parametrize("op", ["InstanceNormalization", "BatchNormalization"])
+def test_instance_and_batch_normalization_split(split_everything, op):
+    # BatchNormalization of the input, no Conv to fold it into: it runs
+    x = _data((2, 5, 6, 7))
+    scale, b, mean, var = _data((5,), 1), _data((5,), 2), _data((5,), 3), np.abs(_data((5,), 4)) + 0.5
+    params = [("scale", scale), ("b", b)] + ([("mean", mean), ("var", var)] if op == "BatchNormalization" else [])
+    node = helper.make_node(op, ["x"] + [name for name, _ in params], ["y"])
+    _check_split(make_model([node], [("x", x)], [("y", None)], params), {"x": x}, split_everything)
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceL1", "ReduceL2", "ReduceLogSumExp"])
+@pytest.mark.parametrize("shape, axes, keepdims", [
+    ((1, 4, 6, 5), [-1], 1), ((1, 4, 6, 5), [-1], 0), ((1, 4, 6, 5), [2], 1),  # cut along axis 1
+    ((3, 4, 6, 5), [1, 3], 0),                                                  # along axis 0
+    ((3, 4, 6, 5), [0], 1), ((1, 4, 6, 5), [1, 3], 1),  # the first long axis reduced: whole
+])
+def test_reductions_split(split_everything, op, shape, axes, keepdims):
+    # opset 13: axes as an attribute (ReduceSum takes them as an input)
+    x = _data(shape)
+    whole = axes[0] == 0 or shape[0] == 1 and axes[0] == 1
+    if op == "ReduceSum":
+        node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
+        inits = [("axes", np.array(axes, np.int64))]
+    else:
+        node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims)
+        inits = []
+    model = make_model([node], [("x", x)], [("y", None)], inits, opset=13)
+    if whole:
+        expected = run_onnxruntime(model, {"x": x})
+        options = nnrun.SessionOptions()
+        options.intra_op_num_threads = 3
+        assert_close(nnrun.InferenceSession(model.SerializeToString(), options).run(None, {"x": x})[0], expected[0])
+        assert not any(count > 1 for count in split_everything)
+        return
+    _check_split(model, {"x": x}, split_everything)
+
+
+def test_global_max_pool_splits(split_everything):
+    x = _data((2, 5, 6, 7))
+    model = make_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])], [("x", x)], [("y", None)])
+    _check_split(model, {"x": x}, split_everything)
