@@ -86,6 +86,9 @@ class Reduce(Kernel):
         if self.count == 0:
             out.fill(self.empty(out.dtype))
             return
+        if self.matvec is not None:  # one BLAS matrix-vector product, on BLAS's threads
+            self.reduce(x, out, scratch)
+            return
         # a large one in ranges of a kept axis on the run's threads (input, output and scratch cut alike)
         parallel.over_leading(x.shape, lambda cut: self.reduce(x[cut], out[cut], tuple(s[cut] for s in scratch)),
                               kept=self.kept)

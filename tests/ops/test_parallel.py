@@ -165,6 +165,26 @@ def test_convolution_bias_and_activation_split(split_everything, w_shape, attrs,
     _check_split(model, {"x": x}, split_everything)
 
 
+def test_blas_runs_on_one_thread_while_a_split_runs():
+    # A chunk that calls BLAS must not start the library's threads from every pool thread at once.
+    libraries = threads.controller().lib_controllers
+    if not libraries:
+        pytest.skip("no BLAS library that threadpoolctl controls")
+    before = [library.get_num_threads() for library in libraries]
+    seen = []
+    try:
+        for library in libraries:
+            library.set_num_threads(2)
+        parallel.Pool(2).run(lambda i: seen.append([library.get_num_threads() for library in libraries]), 4)
+        assert seen and all(counts == [1] * len(libraries) for counts in seen)
+        assert [library.get_num_threads() for library in libraries] == [2] * len(libraries)
+        parallel.Pool(2).run(lambda i: seen.append(None), 1)  # one chunk: run inline, nothing pinned
+        assert [library.get_num_threads() for library in libraries] == [2] * len(libraries)
+    finally:
+        for library, count in zip(libraries, before):
+            library.set_num_threads(count)
+
+
 @pytest.mark.parametrize("op, opset, attrs, shape", [
     ("Softmax", 13, {}, (2, 3, 5, 7)),                   # over the last axis: 30 slices
     ("Softmax", 13, {"axis": 1}, (4, 3, 5)),              # a middle axis: (outer, n, inner) slices
@@ -208,7 +228,9 @@ def test_instance_and_batch_normalization_split(split_everything, op):
 def test_reductions_split(split_everything, op, shape, axes, keepdims):
     # opset 13: axes as an attribute (ReduceSum takes them as an input)
     x = _data(shape)
-    whole = axes[0] == 0 or shape[0] == 1 and axes[0] == 1
+    # the first long axis reduced; or a mean or sum over trailing axes, one BLAS mat-vec on its own threads
+    trailing = sorted(a % len(shape) for a in axes) == list(range(len(shape) - len(axes), len(shape)))
+    whole = axes[0] == 0 or shape[0] == 1 and axes[0] == 1 or (trailing and op in ("ReduceSum", "ReduceMean"))
     if op == "ReduceSum":
         node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
         inits = [("axes", np.array(axes, np.int64))]
