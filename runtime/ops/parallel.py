@@ -82,11 +82,15 @@ def _blas_alone():
     pairs to put back. A chunk that calls BLAS (a softmax's row sums, a layer norm's means as
     matrix-vector products) would otherwise start the library's threads from each of the pool's
     threads at once, more threads than cores: a softmax over 12 x 512 x 512 took 7.8 ms in two
-    shares against 5.7 ms whole. The count is read per split (a fraction of a microsecond)."""
+    shares against 5.7 ms whole. The count is read per split (a fraction of a microsecond). Like
+    the count a run sets (threads.RunThreads), it is the process's: runs splitting on several
+    threads at once may find it pinned already, and leave it so."""
     from ..threads import controller
 
     pinned = []
     for library in controller().lib_controllers:
+        if library.user_api != "blas":
+            continue
         count = library.get_num_threads()
         if count > 1:
             library.set_num_threads(1)
