@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from compiled import needs_numba
-from oracle import FLOAT16_RTOL, check_node, helper, make_model, rng, run_nnrun
+from oracle import FLOAT16_RTOL, check_model, check_node, helper, make_model, rng, run_nnrun
 
 import nnrun
 from nnrun import ir
@@ -241,15 +241,36 @@ def test_which_pools_the_compiled_kernels_serve(monkeypatch):
     assert plan((14, 14), layout=conv_core.CHANNELS_LAST, kernel=(3, 3), pads=[1] * 4).compiled is None
 
 
+@pytest.mark.parametrize("x_shape, attrs", [
+    ((2, 5, 14, 14), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),     # GoogLeNet's pool branch
+    ((1, 4, 9, 11), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),      # YOLO's SPPF
+    ((1, 3, 8, 7), {"kernel_shape": [3, 2], "pads": [0, 1, 2, 0]}),       # asymmetric padding
+    ((1, 3, 6, 5), {"kernel_shape": [2, 4], "pads": [1, 3, 0, 1], "ceil_mode": 1}),
+    ((1, 2, 4, 3), {"kernel_shape": [3, 5], "pads": [1, 2, 1, 2]}),       # wider than the image
+    ((1, 3, 7, 9), {"kernel_shape": [2, 2]}),                              # no padding
+    ((1, 3, 7, 9), {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER"}),
+    ((2, 3, 13), {"kernel_shape": [3], "pads": [1, 1]}),                   # 1-D
+    ((1, 2, 10), {"kernel_shape": [4], "pads": [2, 1]}),
+])
+def test_max_pool_of_stride_one(x_shape, attrs, kernels):
+    # stride-1 windows as the pool branches of GoogLeNet and YOLO write them, both kinds of kernel
+    x = _data(x_shape)
+    model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], [("x", x)], [("y", None)])
+    check_model(model, {"x": x})
+
+
 @pytest.mark.parametrize("kernels", ["numpy", pytest.param("compiled", marks=needs_numba)], indirect=True)
-def test_max_pool_propagates_nan(kernels):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_max_pool_propagates_nan(kernels, stride):
     """A window holding a NaN gives NaN, as numpy's maximum does (onnxruntime and onnx's reference
     evaluator disagree with each other here; the oracle is numpy's max over each padded window)."""
     x = _data((1, 3, 9, 8))
     x[0, 0, 2, 3] = x[0, 2, 8, 7] = np.nan
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
-    expected = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))[:, :, ::2, ::2].max(axis=(4, 5))
-    got = run_nnrun(make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    expected = windows[:, :, ::stride, ::stride].max(axis=(4, 5))
+    got = run_nnrun(make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[stride] * 2,
                                                  pads=[1, 1, 1, 1])], [("x", x)], [("y", None)]), {"x": x})[0]
-    assert np.isnan(got).sum() == 3  # two windows hold the first, one the second
+    # stride 2: two windows hold the first, one the second; stride 1: nine and four (a corner)
+    assert np.isnan(got).sum() == (3 if stride == 2 else 13)
     np.testing.assert_array_equal(got, expected)
