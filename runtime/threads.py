@@ -5,7 +5,7 @@ pool (ops/parallel.py).
 is the physical cores for the pool and the library's own default for BLAS. Finding the
 thread-pool libraries loaded in the process is the expensive part of threadpoolctl (a walk over
 every shared library: about 0.1 ms here, 1 ms in a process with more libraries loaded), so it is
-done once per process, and a session sizes its pool once (`RunThreads`). Each run then reads each
+done once per session, when it is made, and a session sizes its pool once (`RunThreads`). Each run then reads each
 library's count (a fraction of a microsecond) and only where it differs sets it and puts it back
 after the run.
 """
@@ -18,11 +18,13 @@ _controller = None
 _lock = threading.Lock()
 
 
-def controller():
-    """The process's threadpoolctl controller, made on first use."""
+def controller(refresh=False):
+    """The process's threadpoolctl controller, made on first use; with `refresh`, made again, so
+    that it knows the libraries loaded since (scipy's own OpenBLAS, loaded by a model that needs
+    scipy.special after nnrun first looked)."""
     global _controller
     with _lock:
-        if _controller is None:
+        if _controller is None or refresh:
             from threadpoolctl import ThreadpoolController
 
             _controller = ThreadpoolController()
@@ -49,7 +51,8 @@ class RunThreads:
     def __init__(self, intra_op_num_threads):
         self.threads = kernel_threads(intra_op_num_threads)
         self.blas = intra_op_num_threads if intra_op_num_threads > 0 else 0
-        self.libraries = tuple(controller().lib_controllers) if self.blas else ()
+        # looked up again for each session (~0.1 ms): a library loaded since the last look is bounded too
+        self.libraries = tuple(controller(refresh=True).lib_controllers) if self.blas else ()
 
     def begin(self):
         changed = None

@@ -178,7 +178,7 @@ def test_residual_add_and_relu_run_as_one_step():
 
 def test_intra_op_num_threads_bounds_blas_during_a_run_only(tmp_path):
     """While a run executes, the BLAS library uses at most intra_op_num_threads threads; after it,
-    the process's own setting is back. The libraries are looked up once per process."""
+    the process's own setting is back. The libraries are looked up when a session is made, not per run."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
     import nnrun.threads
@@ -212,6 +212,23 @@ def test_intra_op_num_threads_bounds_blas_during_a_run_only(tmp_path):
     made = nnrun.threads.controller()
     sess.run(None, x)
     assert nnrun.threads.controller() is made
+
+
+def test_a_session_bounds_the_blas_libraries_loaded_before_it_was_made():
+    # scipy's wheels bring an OpenBLAS of their own; loaded after nnrun first looked (a float64
+    # GELU imports scipy.special), a session made afterwards bounds it too.
+    from threadpoolctl import threadpool_info
+
+    import nnrun.threads
+
+    nnrun.threads.controller()
+    import scipy.linalg  # noqa: F401 - loads scipy's BLAS, if it was not yet
+
+    options = nnrun.SessionOptions()
+    options.intra_op_num_threads = 1
+    sess = nnrun.InferenceSession(conv_relu_model().SerializeToString(), sess_options=options)
+    loaded = {lib["filepath"] for lib in threadpool_info()}
+    assert {library.filepath for library in sess._threads.libraries} == loaded
 
 
 def test_execute_figures_stay_bounded_and_memory_is_read_on_the_first_runs(monkeypatch):
