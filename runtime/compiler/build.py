@@ -288,7 +288,7 @@ def infer_shapes(nodes, context, fold, inline=True, limit=None, pass_through=Tru
         if (pass_through and passes_through(node) and node.inputs[0] in infos
                 and node.outputs[0] not in context.outputs):
             renamed[node.outputs[0]] = node.inputs[0]
-            infos[node.outputs[0]] = infos.get(node.inputs[0])
+            infos[node.outputs[0]] = infos[node.inputs[0]]
             if node.inputs[0] in dynamic:
                 dynamic.add(node.outputs[0])
             continue

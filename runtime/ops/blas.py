@@ -69,13 +69,11 @@ def kernel(dtype):
 
 
 def _find():
-    # A controller of its own: the process's (threads.controller) is made once, and knows only the
-    # libraries loaded by then; made here, at the first convolution planned, it would miss those
-    # loaded later (scipy's, by the kernels that import it).
-    from threadpoolctl import ThreadpoolController
+    # the libraries loaded now (threads.controller, looked up again)
+    from ..threads import controller
 
     found = {}
-    for library in ThreadpoolController().lib_controllers:
+    for library in controller(refresh=True).lib_controllers:
         if library.user_api != "blas":
             continue
         try:

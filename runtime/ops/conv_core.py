@@ -691,15 +691,13 @@ def _conv_few_channels(x, w, bias, out, plan, scratch, activation):
     bias = np.ascontiguousarray(bias) if has_bias else w2[0]  # any array of the dtype when there is none
     one_row = len(plan.window.in_spatial) == 1
     size = how.planes_elems + how.acc_elems
-    shares = parallel.ranges(c_out, max(1, min(parallel.current().threads,
-                                               out[0].size * how.offsets.shape[0] // COMPILED_SHARE)))
+    shares = parallel.ranges(c_out, parallel.parts(out[0].size * how.offsets.shape[0], COMPILED_SHARE))
     scratch = scratch if scratch is not None else np.empty(size, out.dtype)
     planes = scratch[:how.planes_elems]
     accumulators = [scratch[how.planes_elems:size]] + [np.empty(how.acc_elems, out.dtype) for _ in shares[1:]]
     fill_apart = len(shares) > 1
     for n in range(out.shape[0]):
-        x_n = np.ascontiguousarray(x[n][:, None] if one_row else x[n])
-        out_n = out[n][:, None] if one_row else out[n]
+        x_n, out_n = _as_2d_image(x, out, n, one_row)
 
         def share(i, o0o1=None, fill=not fill_apart):
             how.kernel(x_n, w2, bias, has_bias, out_n, planes, accumulators[i], how.fills, how.offsets, how.plane_w,
@@ -819,10 +817,8 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
     """
     if plan.group != 1 or plan.method == "depthwise":
         raise ValueError("only a convolution of one group reads its weight in blocks")
-    layout = plan.layout
     single = (plan.method not in ("pointwise", "gemm-shifted", "few-channels") and len(plan.tiles) == 1
               and out.shape[0] == 1)
-    rest = math.prod(plan.window.out_spatial[1:])
     if plan.method != "pointwise" and scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
     for k, (start, end) in enumerate(blocks.rows):
@@ -833,23 +829,32 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
             _conv_shifted(x, taps, None, out, plan, scratch, None, (start, end))
         elif plan.method == "few-channels":
             _conv_few_channels(x, w_block, None, out[:, start:end], plan, scratch, None)
-        for n in range(out.shape[0] if plan.method not in ("gemm-shifted", "few-channels") else 0):
-            if layout == CHANNELS_FIRST:
-                out_mat = out[n].reshape(plan.c_out, -1)[start:end]
-            else:
-                out_mat = out[n].reshape(-1, plan.c_out)[:, start:end]
-            if plan.method == "pointwise":
-                x_mat = x[n].reshape(plan.c_in, -1) if layout == CHANNELS_FIRST else x[n].reshape(-1, plan.c_in)
-                _product(w_block, x_mat, out_mat, layout)
-                continue
-            for tile in plan.tiles:
-                cols = _columns(x, n, tile, plan, scratch, built=single and k > 0)
-                r0, r1 = tile.rows
-                rows = slice(r0 * rest, r1 * rest)
-                _product(w_block, cols, out_mat[:, rows] if layout == CHANNELS_FIRST else out_mat[rows], layout)
+        else:
+            _block_products(x, w_block, out, plan, scratch, (start, end), built=single and k > 0)
         blocks.leave(k)
-    _bias_activation(out, bias, activation, layout, epilogue=plan.epilogue)
+    _bias_activation(out, bias, activation, plan.layout, epilogue=plan.epilogue)
     return out
+
+
+def _block_products(x, w_block, out, plan, scratch, channels, built):
+    """Output channels [start, end) = `channels` of every image from their block of the weight:
+    one GEMM (pointwise) or one per im2col tile; `built`: the one tile's columns are in scratch."""
+    layout, (start, end) = plan.layout, channels
+    rest = math.prod(plan.window.out_spatial[1:])
+    for n in range(out.shape[0]):
+        if layout == CHANNELS_FIRST:
+            out_mat = out[n].reshape(plan.c_out, -1)[start:end]
+        else:
+            out_mat = out[n].reshape(-1, plan.c_out)[:, start:end]
+        if plan.method == "pointwise":
+            x_mat = x[n].reshape(plan.c_in, -1) if layout == CHANNELS_FIRST else x[n].reshape(-1, plan.c_in)
+            _product(w_block, x_mat, out_mat, layout)
+            continue
+        for tile in plan.tiles:
+            cols = _columns(x, n, tile, plan, scratch, built=built)
+            r0, r1 = tile.rows
+            rows = slice(r0 * rest, r1 * rest)
+            _product(w_block, cols, out_mat[:, rows] if layout == CHANNELS_FIRST else out_mat[rows], layout)
 
 
 def _columns(x, n, tile, plan, scratch, built=False):
@@ -956,7 +961,7 @@ def _compiled_epilogue(kernel, out, bias, activation, layout, batched):
     # numba compiles a kernel per layout: the bias as the one compiled (and any array when none)
     bias = np.ascontiguousarray(bias) if has_bias else rows[0]
     per_row = layout == CHANNELS_FIRST
-    shares = parallel.ranges(rows.shape[0], max(1, min(parallel.current().threads, out.size // EPILOGUE_SHARE)))
+    shares = parallel.ranges(rows.shape[0], parallel.parts(out.size, EPILOGUE_SHARE))
     parallel.current().run(lambda i: kernel(rows, bias, has_bias, per_row, mode, p0, p1, *shares[i]), len(shares))
     return True
 
@@ -1214,6 +1219,14 @@ def _as_2d(window):
                   (1,) + window.strides, (1,) + window.dilations, (0,) + window.pads_begin, (0,) + window.pads_end)
 
 
+def _as_2d_image(x, out, n, one_row):
+    """Image n of x and out (channels first) as the compiled phase-plane kernels read them: 2-D, a
+    1-D one as a single row, x contiguous."""
+    if one_row:
+        return np.ascontiguousarray(x[n][:, None]), out[n][:, None]
+    return np.ascontiguousarray(x[n]), out[n]
+
+
 def _compiled_planes(window, grid, kernel):
     """The CompiledDepthwise of `kernel` over the phase planes `grid` of a 2-D `window`: what the
     compiled kernels that walk phase planes (depthwise, max_pool) read."""
@@ -1363,12 +1376,10 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
     bias = bias if has_bias else w2[0]  # any array of the dtype: the kernel does not read it
     multiplier = plan.c_out // plan.c_in
     one_row = len(plan.window.in_spatial) == 1
-    shares = parallel.ranges(plan.c_out, max(1, min(parallel.current().threads,
-                                                     out[0].size * plan.window.taps // COMPILED_SHARE)))
+    shares = parallel.ranges(plan.c_out, parallel.parts(out[0].size * plan.window.taps, COMPILED_SHARE))
     bias = np.ascontiguousarray(bias)  # numba compiles a kernel per layout: keep to the one compiled
     for n in range(out.shape[0]):
-        x_n = np.ascontiguousarray(x[n][:, None] if one_row else x[n])
-        out_n = out[n][:, None] if one_row else out[n]
+        x_n, out_n = _as_2d_image(x, out, n, one_row)
 
         def share(i):
             own = scratch if i == 0 else np.empty(per_share, out.dtype)
@@ -1391,9 +1402,9 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
     w = w_taps.reshape(-1)  # tap-major (taps * C): contiguous, as packed
     bias = np.ascontiguousarray(bias) if has_bias else w  # any array of the dtype when there is none
     padded, result = scratch[:how.padded_elems], scratch[how.padded_elems:how.padded_elems + how.result_elems]
-    parts = max(1, min(parallel.current().threads, out[0].size * window.taps // COMPILED_SHARE))
     blocks = -(-c // CHANNELS_LAST_BLOCK)
-    shares = [(b0 * CHANNELS_LAST_BLOCK, min(c, b1 * CHANNELS_LAST_BLOCK)) for b0, b1 in parallel.ranges(blocks, parts)]
+    shares = [(b0 * CHANNELS_LAST_BLOCK, min(c, b1 * CHANNELS_LAST_BLOCK))
+              for b0, b1 in parallel.ranges(blocks, parallel.parts(out[0].size * window.taps, COMPILED_SHARE))]
     geometry = (*how.padded, *window.kernel, *window.strides, *window.dilations, *window.pads_begin)
     for n in range(out.shape[0]):
         x_n = np.ascontiguousarray(x[n].reshape(c, *window.in_spatial))
@@ -1416,8 +1427,7 @@ def _depthwise_nhwc(x, w_taps, bias, out, plan, scratch, activation):
     w = w_taps.reshape(-1)  # tap-major (taps * C): contiguous, as packed
     bias = np.ascontiguousarray(bias) if has_bias else w  # any array of the dtype when there is none
     rows = window.out_spatial[0]
-    parts = max(1, min(parallel.current().threads, out[0].size * window.taps // COMPILED_SHARE))
-    shares = parallel.ranges(rows, parts)
+    shares = parallel.ranges(rows, parallel.parts(out[0].size * window.taps, COMPILED_SHARE))
     padded_w = how.padded[1] if how.padded is not None else window.in_spatial[1]
     geometry = (*window.kernel, *window.strides, *window.dilations)
     for n in range(out.shape[0]):
@@ -1866,16 +1876,14 @@ def _pool_compiled(x, out, plan, scratch):
     how, window = plan.compiled, plan.window
     one_row = len(window.in_spatial) == 1
     channels = x.shape[1]
-    shares = parallel.ranges(channels, max(1, min(parallel.current().threads,
-                                                   out[0].size * window.taps // COMPILED_SHARE)))
+    shares = parallel.ranges(channels, parallel.parts(out[0].size * window.taps, COMPILED_SHARE))
     ones = plan.ones
     if ones is not None and ones.shape[1] != channels:  # the kernel reads a weight per channel, unchecked
         raise ValueError(f"a pooling planned for {ones.shape[1]} channels was given {channels}")
     if plan.kind == "average":
         mode, p0, p1, _ = jit.activation_mode(None, out.dtype)
     for n in range(out.shape[0]):
-        x_n = np.ascontiguousarray(x[n][:, None] if one_row else x[n])
-        out_n = out[n][:, None] if one_row else out[n]
+        x_n, out_n = _as_2d_image(x, out, n, one_row)
 
         def share(i):
             planes = scratch if i == 0 and scratch is not None else np.empty(plan.scratch_elems, out.dtype)

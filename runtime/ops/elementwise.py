@@ -506,7 +506,7 @@ def compiled_unary(kernel, x, out):
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     if flat_out.size == 0:
         return
-    spans = parallel.ranges(flat_out.size, max(1, min(parallel.current().threads, flat_out.size // COMPILED_SHARE)))
+    spans = parallel.ranges(flat_out.size, parallel.parts(flat_out.size, COMPILED_SHARE))
     parallel.current().run(lambda i: kernel(flat_x, flat_out, *spans[i]), len(spans))  # inline when one
 
 

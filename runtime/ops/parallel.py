@@ -193,9 +193,10 @@ def ranges(total, parts):
     return [(s, min(total, s + step)) for s in range(0, total, step)]
 
 
-def parts(elements):
-    """How many shares an op over `elements` elements is split into on the run's threads."""
-    return max(1, min(current().threads, elements // MIN_SHARE))
+def parts(work, unit=None):
+    """How many shares an op of `work` (elements, or multiply-adds) is split into on the run's
+    threads: one per thread, each at least `unit` of it (None: MIN_SHARE elements)."""
+    return max(1, min(current().threads, work // (MIN_SHARE if unit is None else unit)))
 
 
 def over_axis(length, elements, work):
