@@ -37,8 +37,10 @@ def small_model(tmp_path_factory):
 
 
 def _run(tmp_path, *argv):
+    """The harness on argv; runs only as many as --runs / --warmup say unless argv sets seconds."""
     out = tmp_path / "out"
-    assert bench.main([*map(str, argv), "--out", str(out), "--no-charts"]) == 0
+    seconds = [] if "--min-secs" in argv else ["--min-secs", "0", "--warmup-min-secs", "0"]
+    assert bench.main([*map(str, argv), *seconds, "--out", str(out), "--no-charts"]) == 0
     data = json.loads((out / "results.json").read_text())
     table = (out / "results.md").read_text()
     return {(r["model"], r["runtime"]): r for r in data["results"]}, table, data
@@ -71,6 +73,20 @@ def test_every_runtime_every_phase_outputs_checked(tmp_path, small_model):
     machine = data["machine"]
     assert machine["logical_cores"] and machine["versions"]["onnxruntime"]
     assert data["settings"]["threads"] == 1
+
+
+def test_runs_go_on_for_the_seconds_asked(tmp_path, small_model):
+    """--min-secs / --warmup-min-secs (TFLite benchmark_model's --min_secs): a model of a fraction of a
+    millisecond is timed over many runs, not --runs; every runtime alike; the reference evaluator not."""
+    results, _, _ = _run(tmp_path, small_model, "--runtimes", "nnrun,onnxruntime,reference", "--runs", "2",
+                         "--warmup", "1", "--threads", "1", "--min-secs", "0.3", "--warmup-min-secs", "0.2")
+    for runtime in ("nnrun", "onnxruntime"):
+        execute = results[("bench_small", runtime)]["repeats"][0]["phases"]["EXECUTE"]
+        assert execute["runs"] > 2 and execute["warmup_runs"] > 1, (runtime, execute["runs"])
+        # the times kept are the last runs' (at most nnrun.report.RECENT_RUNS of them)
+        assert len(execute["times_ms"]) == min(execute["runs"], 1000)
+    reference = results[("bench_small", "reference")]["repeats"][0]["phases"]["EXECUTE"]
+    assert reference["runs"] == 1
 
 
 def test_failures_become_cells(tmp_path, small_model):

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nnrun.report import RECENT_RUNS
+
 from .bench_worker import RUNTIMES, load_arrays, save_arrays
 
 PHASES = ("MODEL_LOAD", "PREPARE", "EXECUTE")
@@ -426,6 +428,8 @@ def make_job(model, rt, rep, args, workdir, tag=""):
            "threads": args.threads,
            "runs": args.reference_runs if reference else args.runs,
            "warmup": 0 if reference else args.warmup,
+           "min_secs": 0.0 if reference else args.min_secs,
+           "warmup_min_secs": 0.0 if reference else args.warmup_min_secs,
            "nnrun_options": rt.options, "poll_interval_ms": args.poll_ms}
     if rt.kind == "nnrun" and args.warm_start:
         # A first start writes the cache its warm partner then reads.
@@ -788,8 +792,9 @@ def machine_lines(machine, args, records):
 def footnotes(args):
     return [
         f"Each figure is the median over {args.repeat} fresh process(es) per model and runtime; "
-        f"EXECUTE is the median of {args.runs} timed runs after {args.warmup} warm-up run(s) "
-        f"(reference evaluator: {args.reference_runs} run, no warm-up), its range spans every timed run.",
+        f"EXECUTE is the median of at least {args.runs} timed runs and {args.min_secs:g} s of them (of the last "
+        f"{RECENT_RUNS:,} when more), after at least {args.warmup} warm-up run(s) and {args.warmup_min_secs:g} s "
+        f"(reference evaluator: {args.reference_runs} run, no warm-up); its range spans those runs.",
         "Memory growths are over the worker's baseline RSS, taken after the runtime is imported and the "
         "inputs are read, just before MODEL_LOAD (VmHWM is reset to the RSS there). "
         "`load RSS growth` is the largest RSS polled during MODEL_LOAD; `peak HWM growth` is VmHWM at the "
@@ -926,6 +931,11 @@ def build_parser():
                         "nnrun:release_weights=False+fold_constants=False")
     p.add_argument("--runs", type=int, default=5, help="timed runs per process (default %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before them (default %(default)s)")
+    p.add_argument("--min-secs", type=float, default=1.0,
+                   help="timed runs go on until they took this long, as TFLite's benchmark_model "
+                        "--min_secs (default %(default)g)")
+    p.add_argument("--warmup-min-secs", type=float, default=0.5,
+                   help="untimed runs go on until they took this long (default %(default)g)")
     p.add_argument("--repeat", type=int, default=1,
                    help="fresh processes per model and runtime; figures are medians over them (default 1)")
     p.add_argument("--threads", type=int, default=cores,

@@ -249,24 +249,32 @@ def measure(job):
 
     output_names, run_once, nnrun_session = _START[runtime](rec, job, feeds)
     outputs = None
-    for _ in range(job["warmup"]):
+    # As TFLite's benchmark_model: at least this many runs, and on until at least this long, so that
+    # a model of a fraction of a millisecond is timed over many runs rather than ten.
+    warmup_until = time.perf_counter() + job.get("warmup_min_secs", 0.0)
+    done = 0
+    while done < job["warmup"] or (done and time.perf_counter() < warmup_until):
         with rec.phase("EXECUTE"):
             outputs = run_once()
+        done += 1
     warmup_ms = list(rec.times["EXECUTE"])
     rec.discard_times("EXECUTE")
     if nnrun_session is not None:
         nnrun_session.discard_warmup()  # its per-run read and stall figures: the timed runs'
     faults_before = _major_faults()
+    runs = 0
     with ForeignCpu() as foreign:
-        for _ in range(max(job["runs"], 1)):
+        timed_until = time.perf_counter() + job.get("min_secs", 0.0)
+        while runs < max(job["runs"], 1) or time.perf_counter() < timed_until:
             with rec.phase("EXECUTE"):
                 outputs = run_once()
-    faults = {"major_before_runs": faults_before,
-              "major_per_run": (_major_faults() - faults_before) / max(job["runs"], 1)}
+            runs += 1
+    faults = {"major_before_runs": faults_before, "major_per_run": (_major_faults() - faults_before) / runs}
 
     phases = rec.phases()
     phases["EXECUTE"]["times_ms"] = [round(t, 3) for t in rec.times["EXECUTE"]]
-    phases["EXECUTE"]["warmup_ms"] = [round(t, 3) for t in warmup_ms]
+    phases["EXECUTE"]["warmup_ms"] = [round(t, 3) for t in warmup_ms[:100]]
+    phases["EXECUTE"]["warmup_runs"] = done
     phases["EXECUTE"]["foreign_cpu_pct"] = foreign.percent
     result = {"runtime": runtime, "model": job["model"], "ok": True, "versions": versions,
               "pid": os.getpid(), "hwm_reset": hwm_reset, "import": imported, "baseline": baseline,
