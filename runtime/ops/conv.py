@@ -8,6 +8,8 @@ Conv of one group may read its weight in blocks of output channels.
 
 from dataclasses import replace
 
+import numpy as np
+
 from . import bands, conv_core
 from .registry import Inferred, Kernel, TensorInfo, register
 
@@ -60,13 +62,24 @@ class Conv(_ConvBase):
 
     w_taps = None     # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
     w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
+    w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
 
     def prepare(self, x, w, b=None):
+        live = conv_core.live_window(self.window) if w.value is not None else None
+        form = ""
+        if live is not None:  # the window without its dead taps, from here on; its weight packed
+            self.window, kept = live
+            form = "live" + "".join(f"{k.start}:{k.stop}" for k in kept)
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
+
+        def weight():
+            return w.value[(slice(None), slice(None)) + kept] if live is not None else w.value
         if self.plan.method == "depthwise" and w.value is not None:
-            self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(w.value, self.plan))
+            self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(weight(), self.plan), form)
         elif self.plan.method == "gemm-shifted" and w.value is not None:
-            self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(w.value, self.plan))
+            self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
+        elif live is not None:
+            self.w_live = self.pack([1], lambda: np.ascontiguousarray(weight()), form)
         return self.plan.scratch()
 
     def run(self, x, w, b=None, *, outs, scratch=(), stream=None):
@@ -79,8 +92,8 @@ class Conv(_ConvBase):
         if self.w_taps is not None:
             conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation)
         else:
-            conv_core.conv(x, self.w_shifted if self.w_shifted is not None else w, b, out, plan, scratch,
-                           activation, stream)
+            weight = self.w_shifted if self.w_shifted is not None else self.w_live if self.w_live is not None else w
+            conv_core.conv(x, weight, b, out, plan, scratch, activation, stream)
 
     def band_granule(self):
         return 1 if bands.windowed(self.window) else 0

@@ -178,6 +178,39 @@ def make_window(in_spatial, kernel, strides=None, dilations=None, pads=None, aut
     return Window(in_spatial, tuple(out), kernel, strides, dilations, tuple(begin), tuple(end))
 
 
+def live_window(window):
+    """The window without the kernel's first and last taps, along each axis, that read only padding
+    for every output (a 5x5 kernel padded by 2 over an image 2 rows high: its first and last rows;
+    a 3x3 one over a 1x1 image: all but the centre), and the slices of the kernel it keeps; None
+    when no tap is dead, or every tap of an axis is.
+
+    What the dead taps added was zero, so the smaller window makes the same outputs from the same
+    image: its padding shrinks by what it no longer reaches (along an axis, the same span and so the
+    same output length), and it never crops the image (with dilation, a trim that would is not made).
+    """
+    kept, kernel, begin, end = [], [], [], []
+    for i, o, k, s, d, pb, pe in zip(window.in_spatial, window.out_spatial, window.kernel, window.strides,
+                                      window.dilations, window.pads_begin, window.pads_end):
+        live = [t for t in range(k) if _reads_image(t * d - pb, s, o, i)]
+        if not live:
+            return None
+        lo, hi = live[0], live[-1]
+        kept.append(slice(lo, hi + 1))
+        kernel.append(hi - lo + 1)
+        begin.append(pb - lo * d)
+        end.append(pe - (k - 1 - hi) * d)
+    if tuple(kernel) == window.kernel or min(begin + end) < 0:
+        return None
+    return replace(window, kernel=tuple(kernel), pads_begin=tuple(begin), pads_end=tuple(end)), tuple(kept)
+
+
+def _reads_image(first, stride, outputs, size):
+    """Whether a tap that reads `first`, first + stride, ... (`outputs` positions) reads any of
+    [0, size)."""
+    j = max(0, -(first // stride))  # the first output whose read is not before the image: ceil(-first / stride)
+    return j < outputs and first + j * stride < size
+
+
 def make_transpose_window(in_spatial, kernel, strides=None, dilations=None, pads=None,
                           auto_pad="NOTSET", output_padding=None, output_shape=None):
     """The window of a transposed convolution, as the window of its adjoint convolution.

@@ -216,15 +216,17 @@ class Kernel:
         """An unprepared kernel for the same node, for a run that prepares its own (an eager step)."""
         return type(self)(self.node, self.opset)
 
-    def pack(self, inputs, make):
+    def pack(self, inputs, make, form=""):
         """Keep what prepare makes of the constant inputs `inputs` (their indices) as this kernel's
         own: those inputs are then not passed to `run`, their mapped pages may be released, and
         the plan counts its bytes as packed. `make` is that value (an array or a tuple of arrays)
         or a function that makes it; the packer `ready` was given may hold it already (a weight
-        cache) and then returns its copy without calling `make`. Returns the value to keep."""
+        cache) and then returns its copy without calling `make`. `form` tells apart what one kernel
+        may make of the same inputs in more than one way (it names the value in the cache).
+        Returns the value to keep."""
         if self._packer is not None and not (isinstance(make, tuple) and not make):  # () keeps nothing
             name = (f"{self.node.index}/{node_digest(self.node)}/{'-'.join(map(str, sorted(inputs)))}/"
-                    f"{inputs_digest(self._packing_for)}")
+                    f"{inputs_digest(self._packing_for)}{'/' + form if form else ''}")
             value = self._packer.pack(name, make)
         else:
             value = make() if callable(make) else make
