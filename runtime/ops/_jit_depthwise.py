@@ -36,6 +36,7 @@ import numpy as np
 from numba import njit
 
 from ._jit_activation import activate
+from .jit import CLAMP
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -348,7 +349,19 @@ def _nine_taps(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padd
     w5, w6 = w[5 * channels + c0:5 * channels + c0 + n], w[6 * channels + c0:6 * channels + c0 + n]
     w7, w8 = w[7 * channels + c0:7 * channels + c0 + n], w[8 * channels + c0:8 * channels + c0 + n]
     b = bias[c0:c0 + n] if has_bias else w0
-    for q in range(cols):
+    q = 0
+    if stride_w == 1 and dilation_w == 1:  # four pixels a pass: their windows share columns
+        while q + 4 <= cols:
+            _nine_taps_four(padded, result, r * stride_h * line + q * channels + c0, down, channels,
+                            (r * cols + q) * channels + c0, n, w0, w1, w2, w3, w4, w5, w6, w7, w8, b, has_bias)
+            q += 4
+        if mode != CLAMP or p0 > -np.inf or p1 < np.inf:
+            for k in range(q):
+                at = (r * cols + k) * channels + c0
+                out = result[at:at + n]
+                for c in range(n):
+                    out[c] = activate(out[c], mode, p0, p1, zero, one)
+    for q in range(q, cols):
         s = r * stride_h * line + q * stride_w * channels + c0
         a0, a1, a2 = padded[s:s + n], padded[s + right:s + right + n], padded[s + 2 * right:s + 2 * right + n]
         s += down
@@ -367,6 +380,49 @@ def _nine_taps(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padd
                 v = (a0[c] * w0[c] + a1[c] * w1[c] + a2[c] * w2[c] + b0[c] * w3[c] + b1[c] * w4[c]
                      + b2[c] * w5[c] + d0[c] * w6[c] + d1[c] * w7[c] + d2[c] * w8[c])
                 out[c] = activate(v, mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _nine_taps_four(padded, result, s, down, channels, at, n, w0, w1, w2, w3, w4, w5, w6, w7, w8, b, has_bias):
+    """_nine_taps' sums (and bias) of four neighbouring pixels (stride 1 along the row, no
+    dilation): their windows read six columns of each kernel row, each column loaded once for the
+    four and each weight once, where a pixel at a time loads nine columns and nine weights for nine
+    products. Added in _nine_taps' order, so each pixel's sum is the same to the bit; the caller
+    applies the activation after."""
+    a0, a1, a2 = padded[s:s + n], padded[s + channels:s + channels + n], padded[s + 2 * channels:s + 2 * channels + n]
+    a3, a4, a5 = (padded[s + 3 * channels:s + 3 * channels + n], padded[s + 4 * channels:s + 4 * channels + n],
+                  padded[s + 5 * channels:s + 5 * channels + n])
+    s += down
+    b0, b1, b2 = padded[s:s + n], padded[s + channels:s + channels + n], padded[s + 2 * channels:s + 2 * channels + n]
+    b3, b4, b5 = (padded[s + 3 * channels:s + 3 * channels + n], padded[s + 4 * channels:s + 4 * channels + n],
+                  padded[s + 5 * channels:s + 5 * channels + n])
+    s += down
+    d0, d1, d2 = padded[s:s + n], padded[s + channels:s + channels + n], padded[s + 2 * channels:s + 2 * channels + n]
+    d3, d4, d5 = (padded[s + 3 * channels:s + 3 * channels + n], padded[s + 4 * channels:s + 4 * channels + n],
+                  padded[s + 5 * channels:s + 5 * channels + n])
+    o0, o1 = result[at:at + n], result[at + channels:at + channels + n]
+    o2, o3 = result[at + 2 * channels:at + 2 * channels + n], result[at + 3 * channels:at + 3 * channels + n]
+    if has_bias:
+        for c in range(n):
+            x0, x1, x2, x3, x4, x5 = a0[c], a1[c], a2[c], a3[c], a4[c], a5[c]
+            y0, y1, y2, y3, y4, y5 = b0[c], b1[c], b2[c], b3[c], b4[c], b5[c]
+            z0, z1, z2, z3, z4, z5 = d0[c], d1[c], d2[c], d3[c], d4[c], d5[c]
+            v0, v1, v2, v3, v4, v5, v6, v7, v8 = w0[c], w1[c], w2[c], w3[c], w4[c], w5[c], w6[c], w7[c], w8[c]
+            u = b[c]
+            o0[c] = x0 * v0 + x1 * v1 + x2 * v2 + y0 * v3 + y1 * v4 + y2 * v5 + z0 * v6 + z1 * v7 + z2 * v8 + u
+            o1[c] = x1 * v0 + x2 * v1 + x3 * v2 + y1 * v3 + y2 * v4 + y3 * v5 + z1 * v6 + z2 * v7 + z3 * v8 + u
+            o2[c] = x2 * v0 + x3 * v1 + x4 * v2 + y2 * v3 + y3 * v4 + y4 * v5 + z2 * v6 + z3 * v7 + z4 * v8 + u
+            o3[c] = x3 * v0 + x4 * v1 + x5 * v2 + y3 * v3 + y4 * v4 + y5 * v5 + z3 * v6 + z4 * v7 + z5 * v8 + u
+    else:
+        for c in range(n):
+            x0, x1, x2, x3, x4, x5 = a0[c], a1[c], a2[c], a3[c], a4[c], a5[c]
+            y0, y1, y2, y3, y4, y5 = b0[c], b1[c], b2[c], b3[c], b4[c], b5[c]
+            z0, z1, z2, z3, z4, z5 = d0[c], d1[c], d2[c], d3[c], d4[c], d5[c]
+            v0, v1, v2, v3, v4, v5, v6, v7, v8 = w0[c], w1[c], w2[c], w3[c], w4[c], w5[c], w6[c], w7[c], w8[c]
+            o0[c] = x0 * v0 + x1 * v1 + x2 * v2 + y0 * v3 + y1 * v4 + y2 * v5 + z0 * v6 + z1 * v7 + z2 * v8
+            o1[c] = x1 * v0 + x2 * v1 + x3 * v2 + y1 * v3 + y2 * v4 + y3 * v5 + z1 * v6 + z2 * v7 + z3 * v8
+            o2[c] = x2 * v0 + x3 * v1 + x4 * v2 + y2 * v3 + y3 * v4 + y4 * v5 + z2 * v6 + z3 * v7 + z4 * v8
+            o3[c] = x3 * v0 + x4 * v1 + x5 * v2 + y3 * v3 + y4 * v4 + y5 * v5 + z3 * v6 + z4 * v7 + z5 * v8
 
 
 # Channels transposed at a time: the input's and output's strided reads and writes of one block stay
@@ -437,7 +493,13 @@ def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channe
             w2 = w[w_at + 2 * channels:w_at + 2 * channels + n]
             w3 = w[w_at + 3 * channels:w_at + 3 * channels + n]
             w4 = w[w_at + 4 * channels:w_at + 4 * channels + n]
-            for q in range(cols):
+            q = 0
+            if col_step == channels and tap_step == channels:  # stride 1, no dilation: four pixels a pass
+                while q + 4 <= cols:
+                    _five_taps_four(padded, result, at + q * channels, row + q * channels, channels, n,
+                                    w0, w1, w2, w3, w4)
+                    q += 4
+            for q in range(q, cols):
                 s = at + q * col_step
                 s0 = padded[s:s + n]
                 s1 = padded[s + tap_step:s + tap_step + n]
@@ -468,6 +530,26 @@ def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channe
         j += group
         at += group * tap_step
         w_at += group * channels
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _five_taps_four(padded, result, s, at, channels, n, w0, w1, w2, w3, w4):
+    """_row_taps' five taps of four neighbouring pixels (stride 1, no dilation): eight columns loaded
+    once for the four and each weight once, where a pixel at a time loads five and five for five
+    products; each pixel's sum added in _row_taps' order (the same to the bit)."""
+    k1, k2, k3 = channels, 2 * channels, 3 * channels
+    i0, i1, i2, i3 = padded[s:s + n], padded[s + k1:s + k1 + n], padded[s + k2:s + k2 + n], padded[s + k3:s + k3 + n]
+    s += 4 * channels
+    i4, i5, i6, i7 = padded[s:s + n], padded[s + k1:s + k1 + n], padded[s + k2:s + k2 + n], padded[s + k3:s + k3 + n]
+    o0, o1 = result[at:at + n], result[at + k1:at + k1 + n]
+    o2, o3 = result[at + k2:at + k2 + n], result[at + k3:at + k3 + n]
+    for c in range(n):
+        x0, x1, x2, x3, x4, x5, x6, x7 = i0[c], i1[c], i2[c], i3[c], i4[c], i5[c], i6[c], i7[c]
+        v0, v1, v2, v3, v4 = w0[c], w1[c], w2[c], w3[c], w4[c]
+        o0[c] += x0 * v0 + x1 * v1 + x2 * v2 + x3 * v3 + x4 * v4
+        o1[c] += x1 * v0 + x2 * v1 + x3 * v2 + x4 * v3 + x5 * v4
+        o2[c] += x2 * v0 + x3 * v1 + x4 * v2 + x5 * v3 + x6 * v4
+        o3[c] += x3 * v0 + x4 * v1 + x5 * v2 + x6 * v3 + x7 * v4
 
 
 @njit(nogil=True, cache=True, boundscheck=False)

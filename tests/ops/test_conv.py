@@ -267,6 +267,31 @@ def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, kernels):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 40, 14, 14), (40, 1, 3, 3), {"group": 40, "pads": [1, 1, 1, 1]}),   # four pixels a pass, 2 left
+    ((2, 24, 7, 7), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),     # 4 + 3
+    ((1, 20, 6, 4), (20, 1, 3, 3), {"group": 20, "pads": [0, 1, 2, 1]}),     # exactly one pass a row
+    ((1, 32, 9, 11), (32, 1, 5, 5), {"group": 32, "pads": [2, 2, 2, 2]}),    # five taps, four pixels
+    ((1, 17, 7, 7), (17, 1, 5, 5), {"group": 17, "pads": [2, 2, 2, 2], "dilations": [1, 2]}),  # not blocked
+    ((1, 16, 13, 13), (16, 1, 3, 3), {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]}),  # not blocked
+])
+@pytest.mark.parametrize("activation", [None, "Relu", "HardSwish"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_depthwise_small_images_channels_last(x_shape, w_shape, attrs, activation, bias, kernels):
+    """Small images of many channels, which the compiled kernel sums channels last, four pixels of a
+    row a pass where the stride and dilation along the row are 1 (the rest a pixel at a time)."""
+    x, w = _data(x_shape), _data(w_shape, 1)
+    inits = [("w", w)] + ([("b", _data((w_shape[0],), 2))] if bias else [])
+    nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c" if activation else "y"], **attrs)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["c"], ["y"]))
+    model = make_model(nodes, [("x", x)], [("y", None)], inits)
+    check_model(model, {"x": x})
+    if kernels == "compiled":
+        sess = nnrun.InferenceSession(model.SerializeToString())
+        assert isinstance(sess.plan().steps[0].kernel.plan.tiles, conv_core.CompiledChannelsLast)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((1, 6, 15), (6, 1, 5), {"group": 6, "pads": [2, 2]}),
     ((2, 4, 40), (8, 1, 3), {"group": 4, "pads": [1, 0], "strides": [2], "dilations": [3]}),
 ])
