@@ -165,3 +165,16 @@ def test_a_weight_computed_at_run_time_keeps_every_tap():
     sess = nnrun.InferenceSession(model.SerializeToString())
     sess.run(None, {"x": x, "w": w})
     assert sess.plan().steps[0].kernel.window.kernel == (3, 3)
+
+
+def test_a_plan_for_other_shapes_keeps_its_own_window():
+    """A model of symbolic height planned for 2 rows (dead taps left out) and then for 24 (none):
+    each plan convolves with its own window and weight."""
+    r = rng(4)
+    w, b = r.standard_normal((8, 1, 5, 5)).astype(np.float32), r.standard_normal(8).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=8, pads=[2, 2, 2, 2])
+    model = make_model([node], [("x", (np.float32, [1, 8, "h", 12]))], [("y", None)], [("w", w), ("b", b)])
+    sess = nnrun.InferenceSession(model.SerializeToString())
+    for height in (2, 24, 2):
+        x = r.standard_normal((1, 8, height, 12)).astype(np.float32)
+        assert_close(sess.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0])
