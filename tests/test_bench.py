@@ -82,7 +82,10 @@ def test_runs_go_on_for_the_seconds_asked(tmp_path, small_model):
                          "--warmup", "1", "--threads", "1", "--min-secs", "0.3", "--warmup-min-secs", "0.2")
     for runtime in ("nnrun", "onnxruntime"):
         execute = results[("bench_small", runtime)]["repeats"][0]["phases"]["EXECUTE"]
-        assert execute["runs"] > 2 and execute["warmup_runs"] > 1, (runtime, execute["runs"])
+        assert execute["runs"] > 2, (runtime, execute["runs"])
+        # warm-up runs until 0.2 s have passed (one may take that long alone: compiled kernels' first run)
+        warmup = execute["warmup_runs"]
+        assert warmup > 1 or sum(execute["warmup_ms"]) >= 150, (runtime, warmup, execute["warmup_ms"])
         # the times kept are the last runs' (at most nnrun.report.RECENT_RUNS of them)
         assert len(execute["times_ms"]) == min(execute["runs"], 1000)
     reference = results[("bench_small", "reference")]["repeats"][0]["phases"]["EXECUTE"]
