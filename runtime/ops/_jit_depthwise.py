@@ -21,7 +21,8 @@ one, divided after).
 
 `few_channels`, a convolution of one group with few taps over all its input channels (a network's
 3x3 stem on RGB): every input channel's phase planes filled once, then each output channel the
-weighted sum of all their taps, as `depthwise` sums one channel's; im2col's GEMM is only that deep
+weighted sum of all their taps, as `depthwise` sums one channel's (two output channels a pass,
+each plane value loaded once for both); im2col's GEMM is only that deep
 (27), where BLAS runs at a fraction of its speed.
 
 Both release the GIL, so the kernels' pool runs channel ranges of one convolution on several
@@ -83,8 +84,9 @@ def few_channels(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_
     """out[o0:o1] of one image. x (C, H, W); w2 (C * taps, Cout), row c * taps + t channel c's tap t;
     out (Cout, OH, OW); `planes`: scratch of C * phases_size, channel c's phase planes from
     c * phases_size, made first when `fill` (a call over no output channel only makes them; threads
-    summing ranges of output channels then share them, each with its own `acc`); `offsets`
-    (C * taps,): each channel's taps' flat starts in them; the rest as `depthwise`'s."""
+    summing ranges of output channels then share them, each with its own `acc`, room for two
+    output channels' sums: with 3x3 windows two are summed a pass); `offsets` (C * taps,): each
+    channel's taps' flat starts in them; the rest as `depthwise`'s."""
     if fill:
         for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
             planes[k] = 0
@@ -93,12 +95,55 @@ def few_channels(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_
     zero = x.dtype.type(0)
     one = x.dtype.type(1)
     nines = offsets.shape[0] % 9 == 0
-    for oc in range(o0, o1):
+    half = acc.shape[0] // 2
+    first, second = acc[:half], acc[half:2 * half]
+    oc = o0
+    while nines and oc + 2 <= o1:  # two output channels a pass: each plane value loaded once for both
+        _sum_nines_two(planes, w2[:, oc], w2[:, oc + 1], offsets, first, second)
+        _rows_out(out[oc], first, q_stride, bias[oc] if has_bias else zero, mode, p0, p1, zero, one)
+        _rows_out(out[oc + 1], second, q_stride, bias[oc + 1] if has_bias else zero, mode, p0, p1, zero, one)
+        oc += 2
+    for oc in range(oc, o1):
         if nines:
-            _sum_nines(planes, w2[:, oc], offsets, acc)
+            _sum_nines(planes, w2[:, oc], offsets, first)
         else:
-            _sum_taps(planes, w2[:, oc], offsets, acc)
-        _rows_out(out[oc], acc, q_stride, bias[oc] if has_bias else zero, mode, p0, p1, zero, one)
+            _sum_taps(planes, w2[:, oc], offsets, first)
+        _rows_out(out[oc], first, q_stride, bias[oc] if has_bias else zero, mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _sum_nines_two(planes, wa, wb, offsets, acc_a, acc_b):
+    """_sum_nines for two output channels (weights wa, wb) at once: each group's nine plane values
+    are loaded once for both sums; each sum is added in _sum_nines' order (the same to the bit)."""
+    n = acc_a.shape[0]
+    for t in range(0, offsets.shape[0], 9):
+        p0 = planes[offsets[t]:]
+        p1 = planes[offsets[t + 1]:]
+        p2 = planes[offsets[t + 2]:]
+        p3 = planes[offsets[t + 3]:]
+        p4 = planes[offsets[t + 4]:]
+        p5 = planes[offsets[t + 5]:]
+        p6 = planes[offsets[t + 6]:]
+        p7 = planes[offsets[t + 7]:]
+        p8 = planes[offsets[t + 8]:]
+        a0, a1, a2, a3, a4, a5, a6, a7, a8 = (wa[t], wa[t + 1], wa[t + 2], wa[t + 3], wa[t + 4], wa[t + 5],
+                                              wa[t + 6], wa[t + 7], wa[t + 8])
+        b0, b1, b2, b3, b4, b5, b6, b7, b8 = (wb[t], wb[t + 1], wb[t + 2], wb[t + 3], wb[t + 4], wb[t + 5],
+                                              wb[t + 6], wb[t + 7], wb[t + 8])
+        if t == 0:
+            for k in range(n):
+                x0, x1, x2, x3, x4, x5, x6, x7, x8 = p0[k], p1[k], p2[k], p3[k], p4[k], p5[k], p6[k], p7[k], p8[k]
+                acc_a[k] = (x0 * a0 + x1 * a1 + x2 * a2 + x3 * a3 + x4 * a4 + x5 * a5 + x6 * a6 + x7 * a7
+                            + x8 * a8)
+                acc_b[k] = (x0 * b0 + x1 * b1 + x2 * b2 + x3 * b3 + x4 * b4 + x5 * b5 + x6 * b6 + x7 * b7
+                            + x8 * b8)
+        else:
+            for k in range(n):
+                x0, x1, x2, x3, x4, x5, x6, x7, x8 = p0[k], p1[k], p2[k], p3[k], p4[k], p5[k], p6[k], p7[k], p8[k]
+                acc_a[k] += (x0 * a0 + x1 * a1 + x2 * a2 + x3 * a3 + x4 * a4 + x5 * a5 + x6 * a6 + x7 * a7
+                             + x8 * a8)
+                acc_b[k] += (x0 * b0 + x1 * b1 + x2 * b2 + x3 * b3 + x4 * b4 + x5 * b5 + x6 * b6 + x7 * b7
+                             + x8 * b8)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")

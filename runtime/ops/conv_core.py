@@ -690,8 +690,8 @@ class CompiledFewChannels:
     plane_size: int
     q_stride: int
     phases_size: int     # one channel's phase planes
-    planes_elems: int    # scratch: every channel's phase planes, then the accumulator
-    acc_elems: int
+    planes_elems: int    # scratch: every channel's phase planes, then the accumulators
+    acc_elems: int       # two output channels' sums
 
 
 def _compiled_few_channels(window, c_in, group, dtype, layout):
@@ -704,10 +704,11 @@ def _compiled_few_channels(window, c_in, group, dtype, layout):
         return None
     window = _as_2d(window)
     one = _compiled_planes(window, phase_grid(window), kernel)
-    size_limit.tensor_bytes((c_in * one.planes_elems + one.acc_elems,), dtype, "the phase planes")
+    size_limit.tensor_bytes((c_in * one.planes_elems + 2 * one.acc_elems,), dtype, "the phase planes")
     offsets = np.concatenate([one.offsets + c * one.planes_elems for c in range(c_in)])
+    # two output channels' sums: the kernel makes two at a time
     return CompiledFewChannels(kernel, one.fills, offsets, one.plane_w, one.plane_size, one.q_stride,
-                               one.planes_elems, c_in * one.planes_elems, one.acc_elems)
+                               one.planes_elems, c_in * one.planes_elems, 2 * one.acc_elems)
 
 
 def _conv_few_channels(x, w, bias, out, plan, scratch, activation):

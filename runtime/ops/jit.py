@@ -217,7 +217,7 @@ def _check_few_channels(dtype):
     fills = np.array([[0, 1, 1, 2, 0, 1, 0, 1]], np.int64)
     lo, hi = dtype.type(-np.inf), dtype.type(np.inf)
     few_channels(np.array([[[1]], [[2]]], dtype), w2, np.ones(1, dtype), True, out, np.full(6, np.nan, dtype),
-                 np.empty(1, dtype), fills, np.array([0, 1, 2, 3, 4, 5], np.int64), 3, 3, 3, 3, True, CLAMP, lo, hi,
+                 np.empty(2, dtype), fills, np.array([0, 1, 2, 3, 4, 5], np.int64), 3, 3, 3, 3, True, CLAMP, lo, hi,
                  0, 1)
     _expect("convolution of few channels", out[0, 0, 0], 14)
     return few_channels
