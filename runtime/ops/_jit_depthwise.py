@@ -112,24 +112,28 @@ def few_channels(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _nine_from(planes, offsets, t):
+    """The planes from taps t .. t + 8's flat starts (slices from 0, which LLVM vectorises over)."""
+    return (planes[offsets[t]:], planes[offsets[t + 1]:], planes[offsets[t + 2]:], planes[offsets[t + 3]:],
+            planes[offsets[t + 4]:], planes[offsets[t + 5]:], planes[offsets[t + 6]:], planes[offsets[t + 7]:],
+            planes[offsets[t + 8]:])
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _nine_weights(w, t):
+    """Taps t .. t + 8's weights."""
+    return w[t], w[t + 1], w[t + 2], w[t + 3], w[t + 4], w[t + 5], w[t + 6], w[t + 7], w[t + 8]
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _sum_nines_two(planes, wa, wb, offsets, acc_a, acc_b):
     """_sum_nines for two output channels (weights wa, wb) at once: each group's nine plane values
     are loaded once for both sums; each sum is added in _sum_nines' order (the same to the bit)."""
     n = acc_a.shape[0]
     for t in range(0, offsets.shape[0], 9):
-        p0 = planes[offsets[t]:]
-        p1 = planes[offsets[t + 1]:]
-        p2 = planes[offsets[t + 2]:]
-        p3 = planes[offsets[t + 3]:]
-        p4 = planes[offsets[t + 4]:]
-        p5 = planes[offsets[t + 5]:]
-        p6 = planes[offsets[t + 6]:]
-        p7 = planes[offsets[t + 7]:]
-        p8 = planes[offsets[t + 8]:]
-        a0, a1, a2, a3, a4, a5, a6, a7, a8 = (wa[t], wa[t + 1], wa[t + 2], wa[t + 3], wa[t + 4], wa[t + 5],
-                                              wa[t + 6], wa[t + 7], wa[t + 8])
-        b0, b1, b2, b3, b4, b5, b6, b7, b8 = (wb[t], wb[t + 1], wb[t + 2], wb[t + 3], wb[t + 4], wb[t + 5],
-                                              wb[t + 6], wb[t + 7], wb[t + 8])
+        p0, p1, p2, p3, p4, p5, p6, p7, p8 = _nine_from(planes, offsets, t)
+        a0, a1, a2, a3, a4, a5, a6, a7, a8 = _nine_weights(wa, t)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8 = _nine_weights(wb, t)
         if t == 0:
             for k in range(n):
                 x0, x1, x2, x3, x4, x5, x6, x7, x8 = p0[k], p1[k], p2[k], p3[k], p4[k], p5[k], p6[k], p7[k], p8[k]
@@ -151,17 +155,8 @@ def _sum_nines(planes, w, offsets, acc):
     """_sum_taps of a multiple of nine taps (3x3 windows over several channels): nine a pass."""
     n = acc.shape[0]
     for t in range(0, offsets.shape[0], 9):
-        p0 = planes[offsets[t]:]
-        p1 = planes[offsets[t + 1]:]
-        p2 = planes[offsets[t + 2]:]
-        p3 = planes[offsets[t + 3]:]
-        p4 = planes[offsets[t + 4]:]
-        p5 = planes[offsets[t + 5]:]
-        p6 = planes[offsets[t + 6]:]
-        p7 = planes[offsets[t + 7]:]
-        p8 = planes[offsets[t + 8]:]
-        w0, w1, w2, w3, w4, w5, w6, w7, w8 = (w[t], w[t + 1], w[t + 2], w[t + 3], w[t + 4], w[t + 5], w[t + 6],
-                                              w[t + 7], w[t + 8])
+        p0, p1, p2, p3, p4, p5, p6, p7, p8 = _nine_from(planes, offsets, t)
+        w0, w1, w2, w3, w4, w5, w6, w7, w8 = _nine_weights(w, t)
         if t == 0:
             for k in range(n):
                 acc[k] = (p0[k] * w0 + p1[k] * w1 + p2[k] * w2 + p3[k] * w3 + p4[k] * w4 + p5[k] * w5
@@ -293,19 +288,7 @@ def _sum_taps(planes, w, offsets, acc):
     taps = offsets.shape[0]
     t = 0
     if taps == 9:
-        p0 = planes[offsets[0]:]
-        p1 = planes[offsets[1]:]
-        p2 = planes[offsets[2]:]
-        p3 = planes[offsets[3]:]
-        p4 = planes[offsets[4]:]
-        p5 = planes[offsets[5]:]
-        p6 = planes[offsets[6]:]
-        p7 = planes[offsets[7]:]
-        p8 = planes[offsets[8]:]
-        w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
-        for k in range(n):
-            acc[k] = (p0[k] * w0 + p1[k] * w1 + p2[k] * w2 + p3[k] * w3 + p4[k] * w4 + p5[k] * w5
-                      + p6[k] * w6 + p7[k] * w7 + p8[k] * w8)
+        _sum_nines(planes, w, offsets, acc)
         return
     while t + 5 <= taps:
         p0 = planes[offsets[t]:]
