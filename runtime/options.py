@@ -41,7 +41,7 @@ class ExecutionOrder(enum.IntEnum):
 
 
 # The optimising passes each level leaves out (compiler/passes.py names them).
-_FUSIONS = ("fuse_patterns", "fuse_activations")
+_FUSIONS = ("fuse_patterns", "fuse_activations", "fuse_residual")
 _BASIC = ("drop_identities", "constants_as_weights", "fold_batchnorm", "fold_conv_bias", "fold_constants",
           "inline_if")
 _LEFT_OUT = {

@@ -5,7 +5,7 @@ from one frozen stage (stages.py) to the next:
 
     check_supported, capture_outer_values, topological_order   the graph as it may run
     constants_as_weights, fold_batchnorm, fold_conv_bias, flush_denormals,
-    fuse_patterns, fuse_activations                            rewrites (switchable)
+    fuse_patterns, fuse_activations, fuse_residual             rewrites (switchable)
     infer_shapes (with fold_constants), drop_dead              what every value is
     prepare_kernels                                            packing and scratch
     arena_buffers, memory_aware_order, lifetimes,
@@ -42,7 +42,7 @@ from .denormals import flush_denormal_weights
 from .fuse_patterns import fuse_patterns
 from .inline import inlined, taken_branch
 from .rewrite import (capture_outer_values, constants_as_weights, drop_identities, fold_batchnorm, fold_conv_bias,
-                      fuse_activations, passes_through, renamed_inputs)
+                      fuse_activations, fuse_residual, passes_through, renamed_inputs)
 from .stages import (Buffers, Context, NodeList, Placement, Prepared, PreparedStep, Shaped, ShapedStep,
                      frozen_map)
 
@@ -133,6 +133,7 @@ def _compile_graph(graph, feeds, options, constants, planner, packer, limit):
     nodes = run("flush_denormals", flush_denormals_pass, nodes, context)
     nodes = run("fuse_patterns", fuse_patterns_pass, nodes, context)
     nodes = run("fuse_activations", fuse_activations_pass, nodes, context)
+    nodes = run("fuse_residual", fuse_residual_pass, nodes, context)
     shaped = run("infer_shapes", infer_shapes, nodes, context, run.enabled("fold_constants"),
                  run.enabled("inline_if"), limit, run.enabled("drop_identities"))
     run("check_output_types", check_output_types, shaped, graph)
@@ -241,6 +242,10 @@ def fuse_patterns_pass(nodes, context):
 def fuse_activations_pass(nodes, context):
     return NodeList(tuple(fuse_activations(list(nodes.nodes), nodes.weights, set(context.outputs))),
                     nodes.weights)
+
+
+def fuse_residual_pass(nodes, context):
+    return NodeList(tuple(fuse_residual(list(nodes.nodes), set(context.outputs))), nodes.weights)
 
 
 # --- what every value is ----------------------------------------------------------------------------

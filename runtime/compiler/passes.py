@@ -39,6 +39,8 @@ PASSES = tuple(Pass(*p) for p in (
     ("fuse_patterns", True, "GELU (erf and tanh forms), HardSwish, HardSigmoid, SiLU, Mish, LayerNormalization "
                             "and attention written out op by op become one kernel each (off: each op runs)"),
     ("fuse_activations", True, "an activation after Conv, Gemm, MatMul or Add runs inside it"),
+    ("fuse_residual", True, "Conv then an Add of another value (a residual connection, with the Add's "
+                            "activation) becomes one Conv adding it before the activation (off: the Add runs)"),
     ("infer_shapes", False, "each node's shape rule on concrete shapes; a shape known only per run "
                             "makes an eager step"),
     ("fold_constants", True, "inside infer_shapes: a node whose inputs are all known runs at PREPARE "

@@ -1,5 +1,6 @@
 """Graph rewrites before shape inference: pass-through nodes dropped, Constant nodes as weights,
-Conv+BatchNormalization folding, a bias Add folded into its Conv, activation fusion.
+Conv+BatchNormalization folding, a bias Add folded into its Conv, activation fusion, a residual
+Add fused into the Conv before it.
 
 Each rewrite takes the topologically ordered node list and the weights dict,
 returns a new node list, and may add weights (anonymous arrays: packed weights).
@@ -301,6 +302,34 @@ def fuse_activations(nodes, weights, graph_outputs, producers=("Conv", "Gemm", "
                            prod.index)
         dropped.add(i)
     return [replaced.get(i, n) for i, n in enumerate(nodes) if i not in dropped]
+
+
+def fuse_residual(nodes, graph_outputs):
+    """Conv -> Add of another value (a residual connection), the Add's fused activation with it,
+    becomes one Conv that adds that value before the activation, where the Add stood: the
+    compiled epilogue makes bias, residual and activation one pass over the output instead of
+    three, and the Conv's output is the block's (one tensor fewer live). The Conv's inputs are
+    (X, W, B or "", the residual), marked by `_residual`; Conv.infer checks the shapes."""
+    users = _consumers(nodes)
+    replaced = {}
+    dropped = set()
+    for i, conv, j, add in _convs_and_their_reader(nodes, users, graph_outputs, "Add"):
+        y = conv.outputs[0]
+        if "_activation" in conv.attrs or "_residual" in conv.attrs or len(add.inputs) != 2:
+            continue
+        other = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+        if not other or other == y or len(conv.inputs) < 2:
+            continue
+        attrs = dict(conv.attrs, _residual=True)
+        if "_activation" in add.attrs:
+            attrs["_activation"] = add.attrs["_activation"]
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        if j in replaced:  # both operands are convolutions: the later one takes the Add
+            dropped.discard(replaced[j][0])
+        replaced[j] = (i, Node(conv.name, "Conv", "", [conv.inputs[0], conv.inputs[1], bias, other],
+                               [add.outputs[0]], attrs, conv.index))
+        dropped.add(i)
+    return [replaced[i][1] if i in replaced else n for i, n in enumerate(nodes) if i not in dropped]
 
 
 def free_names(graph):

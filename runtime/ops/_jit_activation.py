@@ -48,19 +48,24 @@ def activate(v, mode, p0, p1, zero, one):
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def bias_activation(out, bias, has_bias, per_row, mode, p0, p1, r0, r1):
-    """Rows [r0, r1) of `out` (rows, columns; C order) += the bias, then the activation, in place.
+def bias_activation(out, bias, has_bias, per_row, mode, p0, p1, r0, r1, residual, has_residual):
+    """Rows [r0, r1) of `out` (rows, columns; C order) += the bias, then the residual, then the
+    activation, in place: (v + b) + r, each sum rounded to the type, as the Conv and the Add it
+    fused would give.
 
     `per_row`: row r's bias is bias[r % len(bias)] (channels first: rows are (image, channel));
     else column k's is bias[k] (channels last: rows are pixels). `has_bias` False: no bias (then
-    `bias` is any array of the type)."""
+    `bias` is any array of the type). `residual`: rows like out's, added when `has_residual`
+    (else any array of out's type and layout)."""
     cols = out.shape[1]
     channels = bias.shape[0]
     zero = out.dtype.type(0)
     one = out.dtype.type(1)
     for r in range(r0, r1):
         row = out[r]
-        if not has_bias:
+        if has_residual:
+            _residual_row(row, residual[r], bias, has_bias, per_row, r % channels, mode, p0, p1, zero, one)
+        elif not has_bias:
             for k in range(cols):
                 row[k] = activate(row[k], mode, p0, p1, zero, one)
         elif per_row:
@@ -70,6 +75,21 @@ def bias_activation(out, bias, has_bias, per_row, mode, p0, p1, r0, r1):
         else:
             for k in range(cols):
                 row[k] = activate(row[k] + bias[k], mode, p0, p1, zero, one)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _residual_row(row, res, bias, has_bias, per_row, channel, mode, p0, p1, zero, one):
+    cols = row.shape[0]
+    if not has_bias:
+        for k in range(cols):
+            row[k] = activate(row[k] + res[k], mode, p0, p1, zero, one)
+    elif per_row:
+        b = bias[channel]
+        for k in range(cols):
+            row[k] = activate((row[k] + b) + res[k], mode, p0, p1, zero, one)
+    else:
+        for k in range(cols):
+            row[k] = activate((row[k] + bias[k]) + res[k], mode, p0, p1, zero, one)
 
 
 # error_model="numpy": a float division by zero gives inf or NaN, as numpy's, instead of a check

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import bands, conv_core
+from .activation import apply_activation
 from .registry import Inferred, Kernel, TensorInfo, register
 
 
@@ -46,9 +47,20 @@ class _ConvBase(Kernel):
 
 @register("Conv", since=1)
 class Conv(_ConvBase):
-    """Convolution; `_activation` (set by the compiler's fusion) is applied in place."""
+    """Convolution; `_activation` (set by the compiler's fusion) is applied in place. With
+    `_residual` (compiler/rewrite.fuse_residual) a fourth input is added before the activation:
+    the Add after the Conv, fused; a residual the convolution's output broadcasts up to (the Add's
+    output larger than the Conv's) is added from a scratch copy of that output."""
 
-    def infer(self, x, w, b=None):
+    def decode(self):
+        super().decode()
+        self.residual = bool(self.node.attrs.get("_residual"))
+
+    def infer(self, x, w, b=None, s=None):
+        if s is not None and not self.residual:
+            self.fail("takes at most 3 inputs (X, W, B)")
+        if self.residual and s is None:
+            self.fail("the residual input (a fused Add's other operand) is missing")
         self.check_inputs(x, w, b, w.shape[1] * self.group if w is not None else 0,
                           w.shape[0] if w is not None else 0)
         if w.shape[0] % self.group:
@@ -58,13 +70,26 @@ class Conv(_ConvBase):
                                            self.pads, self.auto_pad)
         except ValueError as e:
             self.fail(str(e))
-        return Inferred([TensorInfo((x.shape[0], w.shape[0], *window.out_spatial), x.dtype)], window=window)
+        shape = (x.shape[0], w.shape[0], *window.out_spatial)
+        if s is None:
+            return Inferred([TensorInfo(shape, x.dtype)], window=window)
+        if s.dtype != x.dtype:
+            self.fail(f"the residual added ({s.dtype}) is not of X's type ({x.dtype})")
+        try:
+            added = tuple(np.broadcast_shapes(shape, tuple(s.shape)))
+        except ValueError:
+            self.fail(f"the residual added, of shape {list(s.shape)}, does not broadcast with the "
+                      f"output {list(shape)}")
+        return Inferred([TensorInfo(added, x.dtype)], window=window,
+                        conv_shape=shape if added != shape else None)
+
+    conv_shape = None  # with a residual the output broadcasts up to: the convolution's own shape
 
     w_taps = None     # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
     w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
 
-    def prepare(self, x, w, b=None):
+    def prepare(self, x, w, b=None, s=None):
         live = conv_core.live_window(self.window) if w.value is not None else None
         form = ""
         if live is not None:  # the window without its dead taps, from here on; its weight packed
@@ -80,22 +105,36 @@ class Conv(_ConvBase):
             self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
         elif live is not None:
             self.w_live = self.pack([1], lambda: np.ascontiguousarray(weight()), form)
+        if self.conv_shape is not None:
+            return self.plan.scratch() + [(self.conv_shape, x.dtype)]
         return self.plan.scratch()
 
-    def run(self, x, w, b=None, *, outs, scratch=(), stream=None):
+    def run(self, x, w, b=None, s=None, *, outs, scratch=(), stream=None):
         """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
-        self._conv(x, w, b, outs[0], self.plan, scratch[0] if scratch else None, stream)
+        own = scratch[0] if self.plan.scratch_elems else None
+        if self.conv_shape is None:
+            self._conv(x, w, b, outs[0], self.plan, own, stream, residual=s)
+            return
+        self._conv(x, w, b, scratch[-1], self.plan, own, stream, activation=None)
+        np.add(scratch[-1], s, out=outs[0])
+        if self.activation is not None:
+            apply_activation(outs[0], self.activation)
 
-    def _conv(self, x, w, b, out, plan, scratch, stream=None, activation=...):
-        """The convolution into `out`, then `activation` (the fused one unless given; None: none)."""
+    def _conv(self, x, w, b, out, plan, scratch, stream=None, activation=..., residual=None):
+        """The convolution into `out`, plus `residual` if given, then `activation` (the fused one
+        unless given; None: none)."""
         activation = self.activation if activation is ... else activation
         if self.w_taps is not None:
-            conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation)
+            conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation if residual is None else None)
+            if residual is not None:
+                conv_core.add_residual(out, residual, activation, plan)
         else:
             weight = self.w_shifted if self.w_shifted is not None else self.w_live if self.w_live is not None else w
-            conv_core.conv(x, weight, b, out, plan, scratch, activation, stream)
+            conv_core.conv(x, weight, b, out, plan, scratch, activation, stream, residual)
 
     def band_granule(self):
+        if self.residual:  # a band's residual rows are not cut out for it: the step runs whole
+            return 0
         return 1 if bands.windowed(self.window) else 0
 
     def band(self, r0, r1, scratch_limit, plans=None):

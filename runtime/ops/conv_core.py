@@ -385,9 +385,9 @@ def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FI
     `shifted`: "gemm-shifted" wherever it can run, however small (a band of a convolution whose
     weight was packed for it: `shifted_taps`)."""
     plan = _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted)
-    # A compiled depthwise convolution writes its own bias and activation.
-    compiled = isinstance(plan.tiles, (CompiledDepthwise, CompiledChannelsLast, CompiledNHWC, CompiledFewChannels))
-    epilogue = jit.epilogue_kernel(dtype) if not compiled else None
+    # A compiled depthwise convolution writes its own bias and activation; the epilogue adds a
+    # residual after it (add_residual).
+    epilogue = jit.epilogue_kernel(dtype)
     return plan if epilogue is None else replace(plan, epilogue=epilogue)
 
 
@@ -540,7 +540,7 @@ def _windows_view(source, shape, how):
     return as_strided(source, shape, strides, writeable=False)
 
 
-def _conv_windows(x, w, bias, out, plan, scratch, activation):
+def _conv_windows(x, w, bias, out, plan, scratch, activation, residual=None):
     """The "gemm-windows" path (channels first, one tile): per image and group, the columns in
     one strided copy, then one GEMM; lean, since the convolutions it serves are small."""
     group, taps = plan.group, plan.window.taps
@@ -555,7 +555,7 @@ def _conv_windows(x, w, bias, out, plan, scratch, activation):
         for g in range(group):
             _window_columns(x[n, g * c_in_g:(g + 1) * c_in_g], cols, plan.windows, scratch[size:])
             np.matmul(w_mat[g * c_out_g:(g + 1) * c_out_g], matrix, out=out_mat[g * c_out_g:(g + 1) * c_out_g])
-    _bias_activation(out, bias, activation, CHANNELS_FIRST, epilogue=plan.epilogue)
+    _bias_activation(out, bias, activation, CHANNELS_FIRST, epilogue=plan.epilogue, residual=residual)
     return out
 
 
@@ -772,8 +772,8 @@ def _flat_copy(window, k, t):
     return (slice(None), k, slice(dst0, dst1)), (slice(None), slice(src0, src1))
 
 
-def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
-    """out = conv(x, w) + bias, then the fused activation, all in `out`.
+def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None, residual=None):
+    """out = conv(x, w) + bias [+ residual], then the fused activation, all in `out`.
 
     `x`: (N, Cin, *in) or (N, *in, Cin); `w`: (Cout, Cin/group, *kernel) or
     (Cout, *kernel, Cin/group) by the plan's layout, or a "gemm-shifted" plan's weight
@@ -781,18 +781,23 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
     `scratch`: a 1-D buffer of at least `plan.scratch_elems` (allocated if None);
     `activation`: None or (op_type, params) for `activation.apply_activation`;
     `blocks`: None, or (one group only) the weight's output channels in blocks, read
-    under a memory budget (see `conv_in_blocks`).
+    under a memory budget (see `conv_in_blocks`);
+    `residual`: None, or an array of out's shape (or one that broadcasts to it) added before the
+    activation: in the bias pass where the path has one (`adds_residual`), else after.
     """
     _contiguous_out(out)
     if out.size == 0:
         return out
+    if residual is not None and not adds_residual(plan, blocks):
+        conv(x, w, bias, out, plan, scratch)
+        return add_residual(out, residual, activation, plan)
     if blocks is not None:
-        return conv_in_blocks(x, blocks, bias, out, plan, scratch, activation)
+        return conv_in_blocks(x, blocks, bias, out, plan, scratch, activation, residual)
     if plan.method == "depthwise":
         return depthwise_conv(x, _taps_view(w, plan), bias, out, plan, scratch, activation)
     if plan.method == "pointwise":
         _pointwise(x, w, out, plan)
-        _bias_activation(out, bias, activation, plan.layout, epilogue=plan.epilogue)
+        _bias_activation(out, bias, activation, plan.layout, epilogue=plan.epilogue, residual=residual)
         return out
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
@@ -802,7 +807,7 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
     if plan.method == "few-channels":
         return _conv_few_channels(x, w, bias, out, plan, scratch, activation)
     if plan.windows is not None:
-        return _conv_windows(x, w, bias, out, plan, scratch, activation)
+        return _conv_windows(x, w, bias, out, plan, scratch, activation, residual)
     group, layout = plan.group, plan.layout
     c_in_g, c_out_g = plan.c_in // group, plan.c_out // group
     rest = math.prod(plan.window.out_spatial[1:])
@@ -837,11 +842,24 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None):
                               out=out_mat[r0 * rest:r1 * rest, g * c_out_g:(g + 1) * c_out_g])
     # Bias and activation over the whole output: measured as fast as tile by tile while the
     # tile is in cache (VGG-16: 8.4 against 13.3 ms), and large enough to split across threads.
-    _bias_activation(out, bias, activation, layout, epilogue=plan.epilogue)
+    _bias_activation(out, bias, activation, layout, epilogue=plan.epilogue, residual=residual)
     return out
 
 
-def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
+def adds_residual(plan, blocks=None):
+    """Whether `conv` adds a residual in its own bias pass on this plan (the paths that end in
+    one: the GEMMs over columns, and any read in blocks); the others add it after (add_residual)."""
+    return blocks is not None or plan.method in ("pointwise", "gemm", "gemm-flat", "gemm-windows")
+
+
+def add_residual(out, residual, activation, plan):
+    """out += residual (of out's shape, or one that broadcasts to it), then the activation, in
+    place: one compiled pass where the plan has the epilogue kernel."""
+    _bias_activation(out, None, activation, plan.layout, epilogue=plan.epilogue, residual=residual)
+    return out
+
+
+def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None, residual=None):
     """conv with the weight's output channels in blocks (one group): `blocks.rows` are the
     (start, end) channel ranges, `blocks.enter(k)` gives w[start:end] once read and
     `blocks.leave(k)` hands it back, so only a block or two of the weight is in memory.
@@ -866,7 +884,7 @@ def conv_in_blocks(x, blocks, bias, out, plan, scratch=None, activation=None):
         else:
             _block_products(x, w_block, out, plan, scratch, (start, end), built=single and k > 0)
         blocks.leave(k)
-    _bias_activation(out, bias, activation, plan.layout, epilogue=plan.epilogue)
+    _bias_activation(out, bias, activation, plan.layout, epilogue=plan.epilogue, residual=residual)
     return out
 
 
@@ -943,14 +961,19 @@ def _pointwise(x, w, out, plan):
         np.matmul(x.reshape(-1, plan.c_in), w_mat.T, out=out.reshape(-1, plan.c_out))
 
 
-def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None):
-    """out += bias (per channel), then the activation, in place; a large output in channel shares
-    (channels first) or row shares (last) on the run's threads. `epilogue`: the plan's compiled
-    kernel (jit.epilogue_kernel), which does both in one pass where it serves."""
-    if bias is None and activation is None:
+def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None, residual=None):
+    """out += bias (per channel), then `residual` (None, or an array that broadcasts to out), then
+    the activation, in place; a large output in channel shares (channels first) or row shares
+    (last) on the run's threads. `epilogue`: the plan's compiled kernel (jit.epilogue_kernel),
+    which does all three in one pass where it serves."""
+    if bias is None and activation is None and residual is None:
         return
-    worth_a_call = out.size >= EPILOGUE_MIN or (activation is not None and activation[0] in _PASSES_MANY)
-    if epilogue is not None and worth_a_call and _compiled_epilogue(epilogue, out, bias, activation, layout, batched):
+    if residual is not None and residual.shape != out.shape:
+        residual = np.broadcast_to(residual, out.shape)  # a view: cut and reshaped as out is
+    worth_a_call = (out.size >= EPILOGUE_MIN or residual is not None
+                    or (activation is not None and activation[0] in _PASSES_MANY))
+    if epilogue is not None and worth_a_call and _compiled_epilogue(epilogue, out, bias, activation, layout, batched,
+                                                                    residual):
         return
     axis = -1  # channels last and not contiguous: no shares
     if layout == CHANNELS_FIRST:
@@ -959,13 +982,17 @@ def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None)
             bias = bias.reshape(bias.shape[0], *(1,) * (out.ndim - axis - 1))
     elif out.flags.c_contiguous:
         out, axis = out.reshape(-1, out.shape[-1]), 0  # rows of channels, the bias along each
+        residual = residual.reshape(out.shape) if residual is not None else None
     if out.size < parallel.SPLIT_FROM or axis < 0:  # most outputs: no shares, no Python beyond this
-        _add_activate(out, bias, activation)
+        _add_activate(out, bias, activation, residual)
         return
     lead = (slice(None),) * axis
-    parallel.over_axis(out.shape[axis], out.size, lambda start, end: _add_activate(
-        out[lead + (slice(start, end),)], bias[start:end] if bias is not None and layout == CHANNELS_FIRST else bias,
-        activation))
+
+    def share(start, end):
+        cut = lead + (slice(start, end),)
+        _add_activate(out[cut], bias[start:end] if bias is not None and layout == CHANNELS_FIRST else bias,
+                      activation, residual[cut] if residual is not None else None)
+    parallel.over_axis(out.shape[axis], out.size, share)
 
 
 # A compiled bias and activation is split into row ranges on the run's threads from this many
@@ -979,11 +1006,16 @@ EPILOGUE_MIN = 1 << 13
 _PASSES_MANY = frozenset(("HardSwish", "HardSigmoid", "LeakyRelu"))
 
 
-def _compiled_epilogue(kernel, out, bias, activation, layout, batched):
-    """The bias and activation by the compiled kernel; False (nothing done) where it does not
-    serve: an activation it lacks (Sigmoid, Tanh) or an output that is not contiguous."""
+def _compiled_epilogue(kernel, out, bias, activation, layout, batched, residual=None):
+    """The bias, residual and activation by the compiled kernel; False (nothing done) where it
+    does not serve: an activation it lacks (Sigmoid, Tanh), an output or residual that is not
+    contiguous (a broadcast one)."""
     mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
     if after is not None or not out.flags.c_contiguous:
+        return False
+    has_residual = residual is not None
+    # (numba compiles a kernel per layout and per writability: only the arena's arrays, as compiled)
+    if has_residual and not (residual.flags.c_contiguous and residual.flags.writeable and residual.dtype == out.dtype):
         return False
     if out.size == 0:
         return True
@@ -995,14 +1027,18 @@ def _compiled_epilogue(kernel, out, bias, activation, layout, batched):
     # numba compiles a kernel per layout: the bias as the one compiled (and any array when none)
     bias = np.ascontiguousarray(bias) if has_bias else rows[0]
     per_row = layout == CHANNELS_FIRST
+    residual = residual.reshape(rows.shape) if has_residual else rows
     shares = parallel.ranges(rows.shape[0], parallel.parts(out.size, EPILOGUE_SHARE))
-    parallel.current().run(lambda i: kernel(rows, bias, has_bias, per_row, mode, p0, p1, *shares[i]), len(shares))
+    parallel.current().run(lambda i: kernel(rows, bias, has_bias, per_row, mode, p0, p1, *shares[i], residual,
+                                            has_residual), len(shares))
     return True
 
 
-def _add_activate(out, bias, activation):
+def _add_activate(out, bias, activation, residual=None):
     if bias is not None:
         np.add(out, bias, out=out)
+    if residual is not None:
+        np.add(out, residual, out=out)
     if activation is not None:
         apply_activation(out, activation)
 

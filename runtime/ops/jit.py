@@ -240,9 +240,13 @@ def _check_epilogue(dtype):
 
     out = np.array([[-4, 1]], dtype)
     bias = np.array([1], dtype)
-    bias_activation(out, bias, True, True, HARD_SWISH, dtype.type(1 / 6), dtype.type(0.5), 0, 1)
+    bias_activation(out, bias, True, True, HARD_SWISH, dtype.type(1 / 6), dtype.type(0.5), 0, 1, out, False)
     _expect("bias and activation", out[0, 1], dtype.type(2) * (dtype.type(2) * dtype.type(1 / 6) + dtype.type(0.5)))
     _expect("bias and activation", out[0, 0], 0)
+    out = np.array([[-4, 1]], dtype)
+    bias_activation(out, bias, True, True, CLAMP, dtype.type(0), dtype.type(np.inf), 0, 1,
+                    np.array([[2, 3]], dtype), True)
+    _expect("bias, residual and activation", tuple(out[0]), (0, 5))
     return bias_activation
 
 

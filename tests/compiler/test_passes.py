@@ -57,7 +57,7 @@ def test_every_pass_is_named_once_and_the_switchable_ones_are_known():
     assert len(names) == len(set(names))
     assert set(SWITCHABLE) == {"drop_identities", "constants_as_weights", "fold_batchnorm", "fold_conv_bias",
                                "flush_denormals",
-                               "fuse_activations", "fold_constants", "memory_aware_order",
+                               "fuse_activations", "fuse_residual", "fold_constants", "memory_aware_order",
                                "inline_if", "fuse_patterns", "release_weights"}
 
 

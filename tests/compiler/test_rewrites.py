@@ -5,7 +5,8 @@ steps or weights), and each switchable off by name.
 
 import numpy as np
 import pytest
-from oracle import check_model, helper, make_model, rng
+from compiled import needs_numba
+from oracle import assert_close, check_model, helper, make_model, rng, run_onnxruntime
 
 import nnrun
 from nnrun.compiler.denormals import SAMPLE, count_subnormal, flushed
@@ -449,10 +450,12 @@ def test_a_bias_written_as_an_add_becomes_the_convs_and_its_activation_fuses(con
     model = conv_add_model(constant, bias, constant_first, then)
     x = rng(9).standard_normal((1, 3, 6, 5)).astype(np.float32)
     check_model(model, {"x": x}, rtol=1e-5)
-    on, off = session(model), session(model, {"fold_conv_bias"})
+    # (fuse_residual, off here, would otherwise take the Add as a residual of a broadcast constant)
+    on, off = session(model), session(model, {"fold_conv_bias", "fuse_residual"})
     for sess in (on, off):
         sess.run(None, {"x": x})
     assert [s.op_type for s in on._last.steps] == ["Conv"]
+    assert len(on._last.steps[0].node.inputs) == 3  # X, W and the bias: no residual left to add
     assert [s.op_type for s in off._last.steps] == ["Conv", "Add"]  # the activation inside the Add
 
 
@@ -464,7 +467,7 @@ def test_what_only_looks_like_a_bias_add_is_left_alone(change):
     model = conv_add_model(constant, conv_read_twice=change == "a second reader")
     x = rng(9).standard_normal((1, 3, 6, 5)).astype(np.float32)
     check_model(model, {"x": x}, rtol=1e-5)
-    sess = session(model)
+    sess = session(model, {"fuse_residual"})  # which would take the Add as a residual
     sess.run(None, {"x": x})
     assert "Add" in [s.op_type for s in sess._last.steps]
 
@@ -487,7 +490,7 @@ def test_a_bias_reshaped_from_a_constant_is_folded_too(shape, folds):
     model = make_model(nodes, [("x", np.zeros((1, 3, 6, 5), np.float32))], [("y", None)], inits)
     x = rng(9).standard_normal((1, 3, 6, 5)).astype(np.float32)
     check_model(model, {"x": x}, rtol=1e-5)
-    sess = session(model)
+    sess = session(model, {"fuse_residual"})  # which would take an Add left unfolded as a residual
     sess.run(None, {"x": x})
     assert [s.op_type for s in sess._last.steps] == (["Conv"] if folds else ["Conv", "Add"])
 
@@ -536,3 +539,132 @@ def test_a_dropout_given_training_mode_stays_and_checks_it():
                        [("ratio", np.array(0.5, np.float32)), ("training", np.array(True))])
     with pytest.raises(nnrun.ModelError, match="training_mode is true"):
         session(model).run(None, {"x": np.ones(4, np.float32)})
+
+
+# --- fuse_residual --------------------------------------------------------------------------------
+
+def residual_session(model, disabled=(), compiled=False):
+    options = nnrun.SessionOptions()
+    options.disabled_passes = set(disabled)
+    options.weight_cache_dir = None
+    options.compiled_kernels = compiled
+    return nnrun.InferenceSession(model.SerializeToString(), sess_options=options)
+
+
+def residual_model(kernel=1, group=1, strides=1, then="Relu", conv_first=True, skip_shape=None, image=(9, 7),
+                   channels=16, bias=True):
+    """Conv (`channels` out, `kernel` square, `group`), then Add of the input `s`, then `then`."""
+    r = rng(21)
+    w = r.standard_normal((channels, channels // group, kernel, kernel)).astype(np.float32)
+    inits = [("w", w)] + ([("b", r.standard_normal(channels).astype(np.float32))] if bias else [])
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["conv"], pads=[kernel // 2] * 4,
+                              strides=[strides] * 2, group=group),
+             helper.make_node("Add", ["conv", "s"] if conv_first else ["s", "conv"], ["sum" if then else "y"])]
+    if then == "Clip":
+        nodes.append(helper.make_node("Clip", ["sum", "lo", "hi"], ["y"]))
+        inits += [scalar("lo", 0.0), scalar("hi", 6.0)]
+    elif then:
+        nodes.append(helper.make_node(then, ["sum"], ["y"]))
+    out = tuple(-(-d // strides) for d in image)
+    inputs = [("x", np.zeros((1, channels, *image), np.float32)),
+              ("s", np.zeros(skip_shape or (1, channels, *out), np.float32))]
+    return make_model(nodes, inputs, [("y", None)], inits)
+
+
+def residual_feeds(model, seed=22):
+    r = rng(seed)
+    return {i.name: r.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+            for i in model.graph.input}
+
+
+RESIDUAL_CASES = {  # the convolution's kernel paths: each adds the residual in its own pass or after
+    "pointwise": {"kernel": 1},
+    "im2col": {"kernel": 3},
+    "strided im2col": {"kernel": 3, "strides": 2},
+    "depthwise": {"kernel": 3, "group": 16},
+    "grouped": {"kernel": 3, "group": 4},
+    "no bias, the input first, Clip": {"bias": False, "conv_first": False, "then": "Clip"},
+    "no activation": {"then": None},
+    "HardSwish": {"kernel": 3, "then": "HardSwish"},
+    "Sigmoid (applied after the compiled pass)": {"then": "Sigmoid"},
+    "a large output (split on threads)": {"kernel": 1, "image": (96, 96)},
+}
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_numba)], ids=["numpy", "compiled"])
+@pytest.mark.parametrize("case", list(RESIDUAL_CASES))
+def test_a_residual_add_after_a_convolution_runs_inside_it(case, compiled):
+    model = residual_model(**RESIDUAL_CASES[case])
+    feeds = residual_feeds(model)
+    expected = run_onnxruntime(model, feeds)[0]
+    on, off = residual_session(model, compiled=compiled), residual_session(model, ["fuse_residual"], compiled)
+    got, unfused = on.run(None, feeds)[0], off.run(None, feeds)[0]
+    assert_close(got, expected)
+    np.testing.assert_array_equal(got, unfused)  # the same sums in the same order
+    assert [s.op_type for s in on._last.steps] == ["Conv"]
+    assert [s.op_type for s in off._last.steps] == ["Conv", "Add"]  # the activation inside the Add
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_numba)], ids=["numpy", "compiled"])
+@pytest.mark.parametrize("skip_shape, image", [
+    ((1, 16, 1, 1), (9, 7)),   # the residual broadcasts to the convolution's output
+    ((1, 1, 9, 7), (9, 7)),    # along the channels
+    ((1, 16, 5, 4), (1, 1)),   # the convolution's output broadcasts up to the residual's shape
+])
+def test_a_residual_that_broadcasts_is_added_as_the_add_would(skip_shape, image, compiled):
+    model = residual_model(kernel=3, skip_shape=skip_shape, image=image)
+    feeds = residual_feeds(model)
+    sess = residual_session(model, compiled=compiled)
+    got = sess.run(None, feeds)[0]
+    assert_close(got, run_onnxruntime(model, feeds)[0])
+    assert [s.op_type for s in sess._last.steps] == ["Conv"]
+
+
+def test_of_two_convolutions_added_the_later_one_takes_the_add():
+    """ResNet's block with a projected shortcut: Add(conv3, downsample), then Relu."""
+    r = rng(23)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="main"),
+             helper.make_node("Conv", ["x", "w2"], ["b"], name="shortcut"),
+             helper.make_node("Add", ["a", "b"], ["sum"]),
+             helper.make_node("Relu", ["sum"], ["y"])]
+    model = make_model(nodes, [("x", np.zeros((1, 8, 6, 6), np.float32))], [("y", None)],
+                       [("w1", r.standard_normal((16, 8, 1, 1)).astype(np.float32)),
+                        ("w2", r.standard_normal((16, 8, 1, 1)).astype(np.float32))])
+    feeds = {"x": r.standard_normal((1, 8, 6, 6)).astype(np.float32)}
+    check_model(model, feeds)
+    sess = residual_session(model)
+    sess.run(None, feeds)
+    assert [(s.op_type, s.name) for s in sess._last.steps] == [("Conv", "main"), ("Conv", "shortcut")]
+    assert len(sess._last.steps[1].node.inputs) == 4  # the later convolution adds the earlier one's output
+
+
+@pytest.mark.parametrize("change", ["a second reader", "the convolution's output is a graph output",
+                                    "the add of the output to itself"])
+def test_what_only_looks_like_a_residual_add_is_left_alone(change):
+    r = rng(24)
+    second = {"the add of the output to itself": "conv"}.get(change, "s")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["conv", second], ["y"])]
+    outputs = [("y", None)]
+    if change == "a second reader":
+        nodes.append(helper.make_node("Neg", ["conv"], ["n"]))
+        outputs.append(("n", None))
+    elif change == "the convolution's output is a graph output":
+        outputs.append(("conv", None))
+    model = make_model(nodes, [("x", np.zeros((1, 4, 5, 5), np.float32)), ("s", np.zeros((1, 4, 5, 5), np.float32))],
+                       outputs, [("w", r.standard_normal((4, 4, 3, 3)).astype(np.float32))])
+    feeds = residual_feeds(model)
+    check_model(model, feeds)
+    sess = residual_session(model)
+    sess.run(None, feeds)
+    assert "Add" in [s.op_type for s in sess._last.steps]
+
+
+def test_a_conv_of_four_inputs_in_a_file_is_refused_by_name():
+    r = rng(25)
+    nodes = [helper.make_node("Conv", ["x", "w", "b", "s"], ["y"], name="conv")]
+    model = make_model(nodes, [("x", np.zeros((1, 4, 5, 5), np.float32)), ("s", np.zeros((1, 4, 5, 5), np.float32))],
+                       [("y", None)], [("w", r.standard_normal((4, 4, 1, 1)).astype(np.float32)),
+                                       ("b", np.zeros(4, np.float32))])
+    with pytest.raises(nnrun.ModelError, match="'conv'.*Conv takes 2 to 3 inputs, the node has 4"):
+        residual_session(model)

@@ -352,6 +352,24 @@ def test_a_convolution_weight_larger_than_the_budget_is_read_in_blocks_of_output
     assert all(PAGER.resident_bytes(region) == 0 for region in blocked[0].regions)
 
 
+def test_a_convolution_with_a_fused_residual_reads_its_weight_in_blocks(tmp_path):
+    """Conv, Add of the block's input, Relu (fuse_residual: one step): the 4.5 MiB weight in blocks,
+    the residual added in the pass after the last block."""
+    r = rng(15)
+    w = (r.standard_normal((512, 256, 3, 3)) / 48).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["h"], pads=[1] * 4, name="conv"),
+                        helper.make_node("Add", ["h", "s"], ["sum"], name="add"),
+                        helper.make_node("Relu", ["sum"], ["y"], name="relu")],
+                       [("x", (np.float32, [1, 256, 14, 14])), ("s", (np.float32, [1, 512, 14, 14]))], [("y", None)],
+                       [("w", w), ("b", r.standard_normal(512).astype(np.float32))])
+    feeds = {"x": r.standard_normal((1, 256, 14, 14)).astype(np.float32),
+             "s": r.standard_normal((1, 512, 14, 14)).astype(np.float32)}
+    sess = session(tmp_path, model, "5M")
+    assert [s.op_type for s in sess.plan().steps] == ["Conv"]
+    assert len([b for b in sess.plan().streaming.blocks if b is not None]) == 1
+    assert_close(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+
+
 def test_a_tflite_filter_larger_than_the_budget_is_read_in_blocks(tmp_path):
     """CONV_2D's filter (O, H, W, I) in blocks of output channels, against LiteRT."""
     pytest.importorskip("ai_edge_litert.interpreter")
