@@ -125,9 +125,7 @@ class Conv(_ConvBase):
         unless given; None: none)."""
         activation = self.activation if activation is ... else activation
         if self.w_taps is not None:
-            conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation if residual is None else None)
-            if residual is not None:
-                conv_core.add_residual(out, residual, activation, plan)
+            conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation, residual)
         else:
             weight = self.w_shifted if self.w_shifted is not None else self.w_live if self.w_live is not None else w
             conv_core.conv(x, weight, b, out, plan, scratch, activation, stream, residual)

@@ -1400,16 +1400,19 @@ def depthwise_taps(w, plan):
     return np.ascontiguousarray(_taps_view(w, plan))
 
 
-def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None):
+def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None, residual=None):
     """Depthwise convolution as a sum over kernel taps, vectorised over channels.
 
     out[c*M + m] = sum over taps of w_taps[tap][c, m] * (the tap's input window)[c];
     `w_taps` is (*kernel, C, M), any strides. No im2col: each tap is one multiply into
-    scratch and one add into the accumulator.
+    scratch and one add into the accumulator. A `residual` is added after (add_residual).
     """
     _contiguous_out(out)
     if out.size == 0:
         return out
+    if residual is not None:
+        depthwise_conv(x, w_taps, bias, out, plan, scratch)
+        return add_residual(out, residual, activation, plan)
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
     if isinstance(plan.tiles, CompiledDepthwise):
