@@ -1,18 +1,19 @@
-"""The threads a session's runs use: the BLAS library's (numpy's matrix products) and the kernels'
-pool (ops/parallel.py).
+"""The threads a session's runs use: the BLAS libraries' (nnrun's own for the kernels' matrix
+products, ops/blas.py; numpy's) and the kernels' pool (ops/parallel.py).
 
 `intra_op_num_threads` sizes both, as onnxruntime's option sizes its own pool; 0 (the default)
 is the physical cores for the pool and the library's own default for BLAS. Finding the
 thread-pool libraries loaded in the process is the expensive part of threadpoolctl (a walk over
 every shared library: about 0.1 ms here, 1 ms in a process with more libraries loaded), so it is
-done once per session, when it is made, and a session sizes its pool once (`RunThreads`). Each run then reads each
-library's count (a fraction of a microsecond) and only where it differs sets it and puts it back
-after the run.
+done once per session, when it is made, and a session sizes its pool once (`RunThreads`). Each
+run then reads each library's count (a fraction of a microsecond) and only where it differs
+sets it and puts it back after the run.
 """
 
+import os
 import threading
 
-from .ops import parallel
+from .ops import blas, parallel
 
 _controller = None
 _lock = threading.Lock()
@@ -38,28 +39,46 @@ def kernel_threads(intra_op_num_threads):
 
 class RunThreads:
     """The threads of a session's runs, fixed when the session is made (onnxruntime reads
-    `intra_op_num_threads` then too): the kernels' pool, and the BLAS count a run sets where the
-    library's differs and puts back after (0: left as it is).
+    `intra_op_num_threads` then too): the kernels' pool, and the thread count a run sets in each
+    library where the library's differs, put back after the run.
+
+    The counts: nnrun's own BLAS (ops/blas.py) runs on `intra_op_num_threads` (0: its own
+    default, the cores); every other BLAS library in the process (numpy's, scipy's) on one while
+    a run lasts, since nnrun's kernels make their large products with their own, and two
+    libraries' threads, each spinning a while after a product for the next, take the same cores
+    from each other (PP-OCRv6 det on two threads: 80 ms against 33 with both libraries on two).
+    Without nnrun's own library, numpy's is the kernels' and runs on `intra_op_num_threads` (0:
+    left as it is). Other thread-pool libraries (OpenMP) take `intra_op_num_threads` when set.
 
     `begin()` before a run returns what `end(state)` needs after it; nothing is kept on the object,
     so runs on several threads at once each have their own state. A run costs one contextvar set
-    and, with a BLAS bound, a read of each library's count: about a microsecond.
+    and a read of each bounded library's count: about a microsecond.
     """
 
-    __slots__ = ("threads", "blas", "libraries")
+    __slots__ = ("threads", "blas", "libraries", "counts")
 
     def __init__(self, intra_op_num_threads):
         self.threads = kernel_threads(intra_op_num_threads)
         self.blas = intra_op_num_threads if intra_op_num_threads > 0 else 0
+        own = blas.library()  # nnrun's own BLAS, loaded first, so that the look below finds it
         # looked up again for each session (~0.1 ms): a library loaded since the last look is bounded too
-        self.libraries = tuple(controller(refresh=True).lib_controllers) if self.blas else ()
+        bounded = []
+        for library in controller(refresh=True).lib_controllers:
+            if own.own and library.user_api == "blas":
+                count = self.blas if os.path.basename(library.filepath) == own.name else 1
+            else:
+                count = self.blas
+            if count:
+                bounded.append((library, count))
+        self.libraries = tuple(library for library, _ in bounded)
+        self.counts = tuple(count for _, count in bounded)
 
     def begin(self):
         changed = None
-        for library in self.libraries:
+        for library, wanted in zip(self.libraries, self.counts):
             count = library.get_num_threads()
-            if count != self.blas:
-                library.set_num_threads(self.blas)
+            if count != wanted:
+                library.set_num_threads(wanted)
                 changed = (changed or ()) + ((library, count),)
         # The pool is looked up per run (a dict lookup): after a fork the parent's workers are gone
         # and the child's pool is made anew.

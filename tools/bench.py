@@ -554,6 +554,13 @@ def describe_machine():
     except Exception:  # noqa: BLE001 - older numpy: show_config prints only
         machine["numpy_blas"] = None
     try:
+        from nnrun.ops import blas
+
+        library = blas.library()  # as a worker's sessions load it (the same environment)
+        machine["nnrun_blas"] = {"library": library.name, "kernels": library.core, "own": library.own}
+    except Exception:  # noqa: BLE001 - the figures do not depend on describing it
+        machine["nnrun_blas"] = None
+    try:
         from threadpoolctl import threadpool_info
 
         machine["threadpools"] = [{k: v for k, v in pool.items() if k != "filepath"} for pool in threadpool_info()]
@@ -767,6 +774,13 @@ def _fmt_range(values, unit=""):
     return f"{min(values):.1f}–{max(values):.1f}{unit}" if values else "unknown"
 
 
+def _nnrun_blas_text(found):
+    if not found or not found.get("library"):
+        return "numpy's matmul (no BLAS nnrun can call)"
+    whose = "nnrun's own" if found.get("own") else "numpy's"
+    return f"{whose} {found['library']} ({found.get('kernels') or 'kernels unknown'})"
+
+
 def machine_lines(machine, args, records):
     v = machine["versions"]
     blas = machine.get("numpy_blas") or {}
@@ -779,6 +793,7 @@ def machine_lines(machine, args, records):
         f"logical ({machine.get('physical_cores')} physical), {machine.get('memory_mb', 0):,} MB RAM",
         f"- {machine['platform']}, Python {machine['python']}",
         f"- numpy {v['numpy']} with {blas_text or 'unknown BLAS'}; scipy {v['scipy']}",
+        f"- nnrun's GEMMs: {_nnrun_blas_text(machine.get('nnrun_blas'))}",
         f"- nnrun {v['nnrun']}, onnxruntime {v['onnxruntime']}, onnx {v['onnx']} (reference evaluator), "
         f"ai-edge-litert {v['ai-edge-litert']}",
         f"- 1-minute load average before the workers: {_fmt_range(_worker_loads(records))} "

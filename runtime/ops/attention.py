@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from . import blas
 from .registry import Inferred, Kernel, TensorInfo, register
 from .shape import onnx_dtype
 
@@ -157,8 +158,7 @@ class Attention(Kernel):
                     out=queries.reshape(batch, hkv, group, sq, d))
         grouped = (batch, hkv, group * sq, total)
         if total:
-            np.matmul(queries.reshape(batch, hkv, group * sq, d), keys.swapaxes(2, 3),
-                      out=scores.reshape(grouped))
+            blas.matmul(queries.reshape(batch, hkv, group * sq, d), keys.swapaxes(2, 3), scores.reshape(grouped))
         if self.softcap > 0:
             np.multiply(scores, 1.0 / self.softcap, out=scores)
             np.tanh(scores, out=scores)
@@ -191,7 +191,7 @@ class Attention(Kernel):
 
         y4 = outs[0] if len(scratch) == 3 else scratch[3]
         if total:
-            np.matmul(scores.reshape(grouped), values, out=y4.reshape(batch, hkv, group * sq, dv))
+            blas.matmul(scores.reshape(grouped), values, y4.reshape(batch, hkv, group * sq, dv))
             if not probabilities:
                 # Normalising after P @ V touches sq * dv values per row instead of sq * total.
                 np.multiply(y4, row, out=y4)

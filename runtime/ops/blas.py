@@ -1,42 +1,72 @@
-"""The GEMM of the BLAS library numpy links, called directly, for the products numpy's matmul
-cannot express: C += A @ B (matmul always overwrites C), the sum of several products in one
-output (conv_core's "gemm-shifted" convolution: one per tap, each over a view of the same
-padded image shifted by the tap's offset, views that overlap one another).
+"""The GEMM nnrun's kernels call: a BLAS library's ?gemm through ctypes, for the products numpy's
+matmul cannot express (C += A @ B, where matmul always overwrites C; the sum of several products
+in one output, conv_core's "gemm-shifted" convolution: one per tap, each over a view of the same
+padded image shifted by the tap's offset, views that overlap one another), and for the large
+matrix products of the convolution and Gemm kernels (`matmul`).
 
-Only a library whose GEMM symbol says its integer width is used: numpy's wheels link OpenBLAS
-built with 64-bit integers and names ending in `64_`. Anything else (Accelerate, MKL, a
-distribution's OpenBLAS) gives `kernel(dtype) is None`, and callers keep their numpy path. The
-library is one threadpoolctl finds, so threads.py sets its thread count to the session's.
+The library is nnrun's own where it is installed: the OpenBLAS build numpy's and scipy's wheels
+are made from, as the `scipy-openblas32` wheel ships it (32-bit integers, names that begin
+`scipy_`), loaded by nnrun alone. Being nnrun's, it is set up for nnrun's kernels without
+touching the numpy library a program shares with nnrun:
+
+- its kernels are chosen for the CPU: OpenBLAS picks its AVX-512 ("SkylakeX") kernels on AMD's
+  Zen 4, which runs AVX-512 at half width, and its AVX2 ("Haswell") kernels are as fast there on
+  large products and up to twice as fast on narrow ones (few output channels over many pixels).
+  On Zen 4, where the variable is not set already, nnrun loads it with OPENBLAS_CORETYPE=Haswell;
+  elsewhere OpenBLAS chooses as it does for numpy;
+- its thread count is a session's (threads.py), and numpy's is left as the program set it.
+
+Where it is absent, or NNRUN_BLAS=numpy is set, the library is numpy's own: its wheels link
+OpenBLAS built with 64-bit integers and names ending in `64_`. Anything else (Accelerate, MKL, a
+distribution's OpenBLAS) gives `kernel(dtype) is None`: callers keep their numpy path, and
+`matmul` is numpy's. Either library is one threadpoolctl finds, so threads.py sets its thread
+count to the session's.
 """
 
 import ctypes
+import os
+import threading
 
 import numpy as np
 
-ROW_MAJOR, NO_TRANS = 101, 111
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
-# (symbol pattern, integer type) in the order tried; the pattern takes "s" or "d".
-_SYMBOLS = (("scipy_cblas_{}gemm64_", ctypes.c_int64), ("cblas_{}gemm64_", ctypes.c_int64))
 _SCALARS = {np.dtype(np.float32): ("s", ctypes.c_float), np.dtype(np.float64): ("d", ctypes.c_double)}
 
-_kernels = None
+# A product of fewer multiply-adds goes to numpy's matmul: a few microseconds of compute, where
+# this module's checks and the ctypes call (2-4 us) would be most of the time.
+MATMUL_FROM = 1 << 16
+
+
+class Library:
+    """One BLAS library found: `name` (the file), `core` (OpenBLAS's kernel set, or None), `own`
+    (nnrun's own, not numpy's), and its Gemm per dtype."""
+
+    __slots__ = ("name", "core", "own", "gemms")
+
+    def __init__(self, name, core, own, gemms):
+        self.name, self.core, self.own, self.gemms = name, core, own, gemms
 
 
 class Gemm:
     """One library's ?gemm for one dtype: `gemm(a, b, c, accumulate)` sets c = a @ b, or adds a @ b
-    to c; a (M, K), b (K, N), c (M, N), each with unit stride along its rows and any row stride
-    at least its row length (checked: the library reads and writes through raw pointers)."""
+    to c; a (M, K), b (K, N), c (M, N). c has unit stride along its rows; a and b along their
+    rows or (a transposed view) their columns; each with its other stride at least its rows' (or
+    columns') length (checked: the library reads and writes through raw pointers). A product of
+    one column or one row (N or M of 1) is the library's ?gemv where it has one: its ?gemm of one
+    column is several times slower (768 x 384 by a vector on two threads: 250 against 60 us)."""
 
-    __slots__ = ("dtype", "_function")
+    __slots__ = ("dtype", "_function", "_gemv", "_limit")
 
-    def __init__(self, dtype, function):
+    def __init__(self, dtype, function, limit, gemv=None):
         self.dtype = dtype
         self._function = function
+        self._gemv = gemv
+        self._limit = limit  # the largest dimension or leading dimension the library's integers hold
 
     def __call__(self, a, b, c, accumulate=False):
         m, k = a.shape
         n = c.shape[1]
-        item = self.dtype.itemsize
         matrices = (("a", a, m, k), ("b", b, k, n), ("c", c, m, n))
         for name, matrix, rows, cols in matrices:
             if matrix.dtype != self.dtype or matrix.shape != (rows, cols):
@@ -50,44 +80,202 @@ class Gemm:
             if not accumulate:
                 c[...] = 0
             return c
-        for name, matrix, rows, cols in matrices:
-            if matrix.strides[1] != item or matrix.strides[0] % item or matrix.strides[0] < cols * item:
-                raise ValueError(f"gemm: {name} {matrix.shape} {matrix.dtype} strides {matrix.strides} "
-                                 f"is not a matrix of unit-stride rows apart")
-        self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0,
-                       a.ctypes.data, a.strides[0] // item, b.ctypes.data, b.strides[0] // item,
-                       1.0 if accumulate else 0.0, c.ctypes.data, c.strides[0] // item)
+        trans_a, lda = self._layout("a", a)
+        trans_b, ldb = self._layout("b", b)
+        trans_c, ldc = self._layout("c", c)
+        if trans_c != NO_TRANS:
+            raise ValueError(f"gemm: c {c.shape} strides {c.strides} is not a matrix of unit-stride rows apart")
+        if max(m, n, k, lda, ldb, ldc) > self._limit:
+            raise ValueError(f"gemm: {(m, k, n)} is beyond the library's {self._limit} elements a dimension")
+        beta = 1.0 if accumulate else 0.0
+        item = self.dtype.itemsize
+        if self._gemv is not None and n == 1:  # c's column = a @ b's column
+            stored = (m, k) if trans_a == NO_TRANS else (k, m)
+            self._gemv(ROW_MAJOR, trans_a, *stored, 1.0, a.ctypes.data, lda, b.ctypes.data, b.strides[0] // item,
+                       beta, c.ctypes.data, c.strides[0] // item)
+        elif self._gemv is not None and m == 1:  # c's row = b^T @ a's row
+            stored = (k, n) if trans_b == NO_TRANS else (n, k)
+            self._gemv(ROW_MAJOR, TRANS if trans_b == NO_TRANS else NO_TRANS, *stored, 1.0, b.ctypes.data, ldb,
+                       a.ctypes.data, a.strides[1] // item, beta, c.ctypes.data, c.strides[1] // item)
+        else:
+            self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
+                           beta, c.ctypes.data, ldc)
         return c
+
+    def takes(self, a, b, c):
+        """Whether `self(a, b, c)` would compute rather than refuse (matching 2-D operands assumed)."""
+        if not (a.dtype == b.dtype == c.dtype == self.dtype and c.flags.writeable):
+            return False
+        try:
+            return (self._layout("c", c)[0] == NO_TRANS and self._layout("a", a) is not None
+                    and self._layout("b", b) is not None and max(*a.shape, *c.shape, *a.strides, *b.strides,
+                                                                   *c.strides) // self.dtype.itemsize <= self._limit)
+        except ValueError:
+            return False
+
+    def _layout(self, name, matrix):
+        """(NO_TRANS or TRANS, leading dimension) of a matrix the library can read as it lies."""
+        item = self.dtype.itemsize
+        rows, cols = matrix.shape
+        row_stride, col_stride = matrix.strides
+        if (col_stride == item or cols == 1) and row_stride % item == 0 and row_stride >= max(cols, 1) * item:
+            return NO_TRANS, row_stride // item if rows > 1 else max(cols, 1)
+        if (row_stride == item or rows == 1) and col_stride % item == 0 and col_stride >= max(rows, 1) * item:
+            return TRANS, col_stride // item if cols > 1 else max(rows, 1)
+        # (a vector's one stride may be any whole positive number of items: ?gemv's increment)
+        raise ValueError(f"gemm: {name} {matrix.shape} {matrix.dtype} strides {matrix.strides} "
+                         f"is not a matrix of unit-stride rows apart")
+
+
+def matmul(a, b, out):
+    """out = a @ b, as np.matmul(a, b, out=out) computes it for operands of two dimensions or
+    more, by the library's GEMM where it serves: float32/64 products of at least MATMUL_FROM
+    multiply-adds each, operands it reads as they lie, an output that overlaps neither, and batch
+    axes that are out's on each operand or absent from it (one product per batch entry). Anything
+    else is numpy's, as are 1-D operands."""
+    if (a.ndim >= 2 and b.ndim >= 2 and out.ndim == max(a.ndim, b.ndim) and out.size
+            and a.shape[-2] * a.shape[-1] * out.shape[-1] >= MATMUL_FROM
+            and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
+        gemm = kernel(out.dtype)
+        batch = out.shape[:-2]
+        if gemm is not None and a.shape[:-2] in ((), batch) and b.shape[:-2] in ((), batch):
+            first = (0,) * len(batch)
+            a0 = a[first] if a.ndim > 2 else a
+            b0 = b[first] if b.ndim > 2 else b
+            if gemm.takes(a0, b0, out[first]):  # every entry's layout is the first's
+                for index in np.ndindex(*batch):
+                    gemm(a[index] if a.ndim > 2 else a, b[index] if b.ndim > 2 else b, out[index])
+                return out
+    np.matmul(a, b, out=out)
+    return out
+
+
+_library = None
+_lock = threading.Lock()
+
+
+def library():
+    """The Library nnrun's GEMMs use, loaded on first call (a library that is not there: name None)."""
+    global _library
+    if _library is None:
+        with _lock:
+            if _library is None:
+                _library = _load()
+    return _library
 
 
 def kernel(dtype):
     """The Gemm for `dtype` (float32 or float64), or None where there is no usable library."""
-    global _kernels
-    if _kernels is None:
-        _kernels = _find()
-    return _kernels.get(np.dtype(dtype))
+    return library().gemms.get(np.dtype(dtype))
 
 
-def _find():
-    # the libraries loaded now (threads.controller, looked up again)
+def _load():
+    if os.environ.get("NNRUN_BLAS", "").strip().lower() != "numpy":
+        own = _load_own()
+        if own is not None:
+            return own
+    return _load_numpys()
+
+
+def _load_own():
+    # Found, not imported: importing the package loads the library at once (into the global
+    # namespace, and before nnrun could choose its kernels).
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = os.path.join(list(spec.submodule_search_locations)[0], "lib")
+    try:
+        names = sorted(f for f in os.listdir(directory) if f.startswith("libscipy_openblas") and
+                       f.endswith((".so", ".dylib", ".dll")))
+    except OSError:
+        return None
+    if not names:
+        return None
+    core = _core_type()
+    before = os.environ.get("OPENBLAS_CORETYPE")
+    try:
+        if core is not None:
+            os.environ["OPENBLAS_CORETYPE"] = core  # read by the library as it loads
+        handle = ctypes.CDLL(os.path.join(directory, names[0]))
+    except OSError:
+        return None
+    finally:
+        if core is not None:
+            os.environ.pop("OPENBLAS_CORETYPE", None) if before is None else os.environ.update(
+                OPENBLAS_CORETYPE=before)
+    gemms = _gemms(handle, "scipy_cblas_{}gemm", ctypes.c_int32)
+    if not gemms:
+        return None
+    return Library(names[0], _core_name(handle, "scipy_openblas_get_corename"), True, gemms)
+
+
+def _load_numpys():
+    # numpy's library, as threadpoolctl finds it among those loaded (threads.controller)
     from ..threads import controller
 
-    found = {}
-    for library in controller(refresh=True).lib_controllers:
-        if library.user_api != "blas":
+    for found in controller(refresh=True).lib_controllers:
+        if found.user_api != "blas":
             continue
         try:
-            handle = ctypes.CDLL(library.filepath)
+            handle = ctypes.CDLL(found.filepath)
         except OSError:
             continue
-        for dtype, (letter, scalar) in _SCALARS.items():
-            for pattern, integer in _SYMBOLS:
-                function = getattr(handle, pattern.format(letter), None)
-                if function is None or dtype in found:
-                    continue
-                function.restype = None
-                function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar,
-                                     ctypes.c_void_p, integer, ctypes.c_void_p, integer, scalar,
-                                     ctypes.c_void_p, integer]
-                found[dtype] = Gemm(dtype, function)
-    return found
+        gemms = {}
+        for pattern in ("scipy_cblas_{}gemm64_", "cblas_{}gemm64_"):
+            for dtype, gemm in _gemms(handle, pattern, ctypes.c_int64).items():
+                gemms.setdefault(dtype, gemm)
+        if gemms:
+            return Library(os.path.basename(found.filepath), getattr(found, "architecture", None), False, gemms)
+    return Library(None, None, False, {})
+
+
+def _gemms(handle, pattern, integer):
+    """{dtype: Gemm} of the library's ?gemm symbols named by `pattern` (its ?gemv's by the same
+    pattern with "gemv" for "gemm")."""
+    gemms = {}
+    for dtype, (letter, scalar) in _SCALARS.items():
+        function = getattr(handle, pattern.format(letter), None)
+        if function is None:
+            continue
+        function.restype = None
+        function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar,
+                             ctypes.c_void_p, integer, ctypes.c_void_p, integer, scalar, ctypes.c_void_p, integer]
+        gemv = getattr(handle, pattern.replace("gemm", "gemv").format(letter), None)
+        if gemv is not None:
+            gemv.restype = None
+            gemv.argtypes = [ctypes.c_int, ctypes.c_int, integer, integer, scalar, ctypes.c_void_p, integer,
+                             ctypes.c_void_p, integer, scalar, ctypes.c_void_p, integer]
+        gemms[dtype] = Gemm(dtype, function, (1 << (8 * ctypes.sizeof(integer) - 1)) - 1, gemv)
+    return gemms
+
+
+def _core_name(handle, symbol):
+    function = getattr(handle, symbol, None)
+    if function is None:
+        return None
+    function.restype = ctypes.c_char_p
+    function.argtypes = []
+    name = function()
+    return name.decode() if name else None
+
+
+def _core_type(cpuinfo="/proc/cpuinfo"):
+    """The OPENBLAS_CORETYPE nnrun's own library is loaded with: "Haswell" on AMD's Zen 4 (family
+    25 with AVX-512), None elsewhere, and None where the variable is set (the user's choice)."""
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return None
+    try:
+        with open(cpuinfo) as f:
+            fields = {}
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's fields are enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return None
+    zen4 = (fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
+            and "avx512f" in fields.get("flags", "").split())
+    return "Haswell" if zen4 else None

@@ -15,7 +15,7 @@ contrib_attention.py, the quantized ops in contrib_quantized.py.
 import numpy as np
 
 from ..errors import InputError
-from . import activation
+from . import activation, blas
 from .conv import Conv
 from .elementwise import Gelu, Unary, broadcast_shape
 from .gemm import Gemm
@@ -131,7 +131,7 @@ class FusedMatMul(Kernel):
     def run(self, a, b, *, outs, scratch):
         a = a.transpose(self.a_axes) if self.a_axes else a
         b = b.transpose(self.b_axes) if self.b_axes else b
-        np.matmul(a, b, out=outs[0])
+        blas.matmul(a, b, outs[0])
         if self.alpha != 1:
             np.multiply(outs[0], outs[0].dtype.type(self.alpha), out=outs[0])
 

@@ -17,6 +17,7 @@ is added too. Attention's `past` / `present` hold keys and values stacked: (2, B
 
 import numpy as np
 
+from . import blas
 from .attention import Attention as ScaledDotProduct
 from .registry import REQUIRED, Inferred, TensorInfo, register
 
@@ -167,7 +168,7 @@ class Attention(_ContribAttention):
     def run(self, x, weights, bias=None, mask_index=None, past=None, attention_bias=None,
             past_sequence_length=None, *, outs, scratch):
         qkv = scratch[-1]
-        np.matmul(x, weights, out=qkv)
+        blas.matmul(x, weights, qkv)
         if bias is not None:
             np.add(qkv, bias, out=qkv)
         dq, dk, _ = self.sizes

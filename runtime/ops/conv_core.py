@@ -554,7 +554,7 @@ def _conv_windows(x, w, bias, out, plan, scratch, activation, residual=None):
         out_mat = out[n].reshape(plan.c_out, -1)
         for g in range(group):
             _window_columns(x[n, g * c_in_g:(g + 1) * c_in_g], cols, plan.windows, scratch[size:])
-            np.matmul(w_mat[g * c_out_g:(g + 1) * c_out_g], matrix, out=out_mat[g * c_out_g:(g + 1) * c_out_g])
+            blas.matmul(w_mat[g * c_out_g:(g + 1) * c_out_g], matrix, out_mat[g * c_out_g:(g + 1) * c_out_g])
     _bias_activation(out, bias, activation, CHANNELS_FIRST, epilogue=plan.epilogue, residual=residual)
     return out
 
@@ -835,11 +835,11 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None, resi
                 for index in tile.zeros:
                     cols[index] = zero
                 if layout == CHANNELS_FIRST:
-                    np.matmul(w_mats[g], cols.reshape(c_in_g * plan.window.taps, -1),
-                              out=out_mat[g * c_out_g:(g + 1) * c_out_g, r0 * rest:r1 * rest])
+                    blas.matmul(w_mats[g], cols.reshape(c_in_g * plan.window.taps, -1),
+                                out_mat[g * c_out_g:(g + 1) * c_out_g, r0 * rest:r1 * rest])
                 else:
-                    np.matmul(cols.reshape(-1, c_in_g * plan.window.taps), w_mats[g].T,
-                              out=out_mat[r0 * rest:r1 * rest, g * c_out_g:(g + 1) * c_out_g])
+                    blas.matmul(cols.reshape(-1, c_in_g * plan.window.taps), w_mats[g].T,
+                                out_mat[r0 * rest:r1 * rest, g * c_out_g:(g + 1) * c_out_g])
     # Bias and activation over the whole output: measured as fast as tile by tile while the
     # tile is in cache (VGG-16: 8.4 against 13.3 ms), and large enough to split across threads.
     _bias_activation(out, bias, activation, layout, epilogue=plan.epilogue, residual=residual)
@@ -935,9 +935,9 @@ def _columns(x, n, tile, plan, scratch, built=False):
 def _product(w_block, cols, out, layout):
     """out = w_block @ cols (channels first) or cols @ w_block.T (last)."""
     if layout == CHANNELS_FIRST:
-        np.matmul(w_block, cols, out=out)
+        blas.matmul(w_block, cols, out)
     else:
-        np.matmul(cols, w_block.T, out=out)
+        blas.matmul(cols, w_block.T, out)
 
 
 # A pointwise convolution to at most this many channels (a segmentation head's) is a matrix-vector
@@ -956,9 +956,9 @@ def _pointwise(x, w, out, plan):
             for row in range(plan.c_out):
                 np.dot(w_mat[row], x_mats[i], out=out_mats[i, row])
     elif plan.layout == CHANNELS_FIRST:
-        np.matmul(w_mat, x.reshape(n, plan.c_in, -1), out=out.reshape(n, plan.c_out, -1))
+        blas.matmul(w_mat, x.reshape(n, plan.c_in, -1), out.reshape(n, plan.c_out, -1))
     else:
-        np.matmul(x.reshape(-1, plan.c_in), w_mat.T, out=out.reshape(-1, plan.c_out))
+        blas.matmul(x.reshape(-1, plan.c_in), w_mat.T, out.reshape(-1, plan.c_out))
 
 
 def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None, residual=None):
@@ -1807,8 +1807,8 @@ def conv_transpose(x, w, bias, out, plan, scratch=None, activation=None):
                 for (r0, r1), cols_shape, adds in plan.tiles:
                     cols_shape = (b,) + cols_shape[1:]
                     cols = scratch[:math.prod(cols_shape)].reshape(cols_shape)
-                    np.matmul(w_t[c0 * taps:c1 * taps], x_g[:, r0 * rest:r1 * rest],
-                              out=cols.reshape(b * taps, -1))
+                    blas.matmul(w_t[c0 * taps:c1 * taps], x_g[:, r0 * rest:r1 * rest],
+                                cols.reshape(b * taps, -1))
                     for cols_index, phase, plane_index in adds:
                         target = planes[phase][plane_index]
                         np.add(target, cols[cols_index], out=target)
@@ -1836,7 +1836,7 @@ def _transpose_disjoint(w_t, x_g, out_b, plan, bias, scratch):
     strides = window.strides
     for (r0, r1), cols_shape, _ in plan.tiles:
         cols = scratch[:b * math.prod(cols_shape[1:])].reshape((b,) + cols_shape[1:])
-        np.matmul(w_t, x_g[:, r0 * rest:r1 * rest], out=cols.reshape(b * window.taps, -1))
+        blas.matmul(w_t, x_g[:, r0 * rest:r1 * rest], cols.reshape(b * window.taps, -1))
         for tap in np.ndindex(*window.kernel):
             phase = (slice(r0 * strides[0] + tap[0], r1 * strides[0], strides[0]),)
             phase += tuple(slice(k, None, s) for k, s in zip(tap[1:], strides[1:]))

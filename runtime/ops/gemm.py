@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
+from . import blas
 from .activation import apply_activation
 from .elementwise import broadcast_shape, check_same_dtype
 from .registry import Inferred, Kernel, TensorInfo, register
@@ -63,7 +64,7 @@ class Gemm(Kernel):
         entered before its product and left after, so only a block or two of B is in memory."""
         y = outs[0]
         if stream is None:
-            np.matmul(a.T if self.transA else a, b.T if self.transB else b, out=y)
+            blas.matmul(a.T if self.transA else a, b.T if self.transB else b, y)
         else:
             product_in_blocks(stream, a.T if self.transA else a, b, y, self.transB)
         if self.alpha != 1:
@@ -116,7 +117,7 @@ class MatMul(Kernel):
         else:
             y2 = y
         if stream is None:
-            np.matmul(a, b, out=y2)
+            blas.matmul(a, b, y2)
         else:
             product_in_blocks(stream, a, b, y2)
         apply_activation(y, self.activation)
@@ -129,9 +130,9 @@ def product_in_blocks(stream, a, b, y, trans_b=False):
     for k, (start, end) in enumerate(stream.rows):
         rows = stream.enter(k)  # b[start:end], read for this product
         if trans_b:
-            np.matmul(a, rows.T, out=y[:, start:end])
+            blas.matmul(a, rows.T, y[:, start:end])
         elif k == 0:
-            np.matmul(a[:, start:end], rows, out=y)
+            blas.matmul(a[:, start:end], rows, y)
         else:
             y += a[:, start:end] @ rows
         stream.leave(k)

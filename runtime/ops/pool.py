@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import bands, conv_core, parallel
+from . import bands, blas, conv_core, parallel
 from .registry import REQUIRED, Inferred, Kernel, TensorInfo, register
 
 
@@ -169,7 +169,7 @@ class _GlobalPool(Kernel):
         target = out.reshape(out.shape[0], out.shape[1])
         averaging = self.averaging
         if averaging is not None and averaging.shape[0] == planes.shape[2] and averaging.dtype == x.dtype:
-            np.matmul(planes, averaging, out=target)  # BLAS's threads
+            blas.matmul(planes, averaging[:, None], target[..., None])  # BLAS's threads
         else:  # a large one in ranges of images or channels on the run's threads
             parallel.over_leading(planes.shape, lambda cut: self.reduce(planes[cut], axis=2, out=target[cut[:2]]),
                                   kept={0, 1})

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from . import conv_core, exotic_types
+from . import blas, conv_core, exotic_types
 from .conv import _ConvBase
 from .elementwise import broadcast_shape
 from .registry import Inferred, Kernel, TensorInfo, register
@@ -366,7 +366,7 @@ class _IntegerMatMul(Kernel):
         if b_f is None:
             b_f = shifted(b.reshape(self.b_shape), b_zero_point, self.b_zp_shape,
                           buf[n_a + n_acc:].reshape(self.b_shape))
-        np.matmul(a_f, b_f, out=acc)
+        blas.matmul(a_f, b_f, acc)
         return acc
 
 

@@ -30,6 +30,7 @@ onnxruntime does. `clip` bounds every gate's input to its activation.
 import numpy as np
 
 from . import activation as act
+from . import blas
 from .registry import Inferred, Kernel, TensorInfo, register
 
 
@@ -293,12 +294,12 @@ class Recurrent(Kernel):
 
     def project(self, rows, w, out):
         """out = rows @ W^T of every direction, side by side: the input projection of every step."""
-        np.matmul(rows, w.reshape(-1, self.size).T, out=out)
+        blas.matmul(rows, w.reshape(-1, self.size).T, out)
 
     @staticmethod
     def recurrent_product(h, recurrent_t, out):
         """out = h @ R^T per direction: the recurrent product of a step."""
-        np.matmul(h, recurrent_t, out=out)
+        blas.matmul(h, recurrent_t, out)
 
     def time(self, s, backwards):
         return self.seq - 1 - s if backwards else s
@@ -367,7 +368,7 @@ class RNN7(Recurrent):
         (f,) = self.activations_of
         self.start(h, initial_h)
         for s, xs in enumerate(inputs):
-            np.matmul(h, recurrent_t, out=gates)
+            blas.matmul(h, recurrent_t, gates)
             self.add_inputs(gates, xs)
             self.clip_in_place(gates)
             f(gates, h_new)

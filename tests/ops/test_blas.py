@@ -1,17 +1,36 @@
-"""The BLAS GEMM called directly (ops/blas.py) against numpy's matmul on copies of the operands."""
+"""The BLAS GEMM called directly (ops/blas.py): each library nnrun may call (its own OpenBLAS, the
+scipy-openblas32 wheel; numpy's) against numpy's matmul on copies of the operands in float64; which
+library and kernels a process gets; `matmul`'s layouts and the products it leaves to numpy."""
+
+import os
+import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from oracle import rng
 
+from nnrun import threads
 from nnrun.ops import blas
 
 
-@pytest.fixture(params=[np.float32, np.float64])
-def gemm(request):
-    found = blas.kernel(request.param)
-    assert found is not None, "numpy's BLAS has no GEMM nnrun can call"
+@pytest.fixture(params=["own", "numpy's"])
+def library(request):
+    found = blas._load_own() if request.param == "own" else blas._load_numpys()
+    # nnrun's own is a dependency: its absence is a broken install, not a case to skip
+    assert found is not None and found.gemms, f"{request.param} BLAS has no GEMM nnrun can call"
+    assert found.own == (request.param == "own")
     return found
+
+
+@pytest.fixture(params=[np.float32, np.float64])
+def gemm(request, library):
+    return library.gemms[np.dtype(request.param)]
+
+
+def _tolerance(dtype):
+    return 1e-5 if dtype == np.float32 else 1e-12
 
 
 def test_shifted_views_summed_into_a_block(gemm):
@@ -26,7 +45,7 @@ def test_shifted_views_summed_into_a_block(gemm):
     a, a2 = r.standard_normal((7, 5)).astype(dtype), r.standard_normal((7, 5)).astype(dtype)
     big = np.full((9, 50), 7.0, dtype)
     c = big[1:8, 4:44]
-    tol = 1e-5 if dtype == np.float32 else 1e-12
+    tol = _tolerance(dtype)
     gemm(a, b, c)
     np.testing.assert_allclose(c, a @ np.array(b), rtol=tol, atol=tol)
     gemm(a2, b2, c, accumulate=True)
@@ -36,18 +55,51 @@ def test_shifted_views_summed_into_a_block(gemm):
     assert np.all(big[outside] == 7.0)
 
 
+def _layouts(r, dtype, rows, cols):
+    """A (rows, cols) matrix as it lies, as a transposed view, as a block of a larger one, and as a
+    transposed block: every layout a kernel hands the GEMM."""
+    plain = r.standard_normal((rows, cols)).astype(dtype)
+    transposed = np.ascontiguousarray(r.standard_normal((cols, rows)).astype(dtype)).T
+    block = r.standard_normal((rows + 3, cols + 5)).astype(dtype)[2:2 + rows, 1:1 + cols]
+    transposed_block = r.standard_normal((cols + 4, rows + 2)).astype(dtype)[3:3 + cols, 1:1 + rows].T
+    return {"rows": plain, "transposed": transposed, "block": block, "transposed block": transposed_block}
+
+
+@pytest.mark.parametrize("a_layout", ["rows", "transposed", "block", "transposed block"])
+@pytest.mark.parametrize("b_layout", ["rows", "transposed", "block", "transposed block"])
+@pytest.mark.parametrize("m, k, n", [(13, 21, 17), (13, 21, 1), (1, 21, 17), (1, 21, 1)])
+def test_every_layout_of_a_and_b(gemm, a_layout, b_layout, m, k, n):
+    """Matrices, and a column or a row (the library's matrix-vector product), set and added to."""
+    r = rng(4)
+    a = _layouts(r, gemm.dtype, m, k)[a_layout]
+    b = _layouts(r, gemm.dtype, k, n)[b_layout]
+    big = np.full((m + 2, n + 3), 3.0, gemm.dtype)
+    c = big[1:1 + m, 2:2 + n]
+    assert gemm.takes(a, b, c)
+    gemm(a, b, c)
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    tol = _tolerance(gemm.dtype) * 10
+    np.testing.assert_allclose(c, expected, rtol=tol, atol=tol)
+    gemm(a, b, c, accumulate=True)
+    np.testing.assert_allclose(c, 2 * expected, rtol=tol, atol=tol)
+    assert np.all(big[0] == 3.0) and np.all(big[-1] == 3.0) and np.all(big[:, :2] == 3.0) and np.all(big[:, -1] == 3.0)
+
+
 def test_matrices_it_cannot_pass_by_pointer_are_refused(gemm):
     dtype = gemm.dtype
     a, b, c = np.ones((3, 4), dtype), np.ones((4, 5), dtype), np.zeros((3, 5), dtype)
     bad = [
-        ("a", (np.ones((3, 8), dtype)[:, ::2], b, c)),          # rows not of unit stride
+        ("a", (np.ones((6, 8), dtype)[::2, ::2], b, c)),        # neither rows nor columns of unit stride
         ("b", (a, np.ones((4, 5), np.float16), c)),             # another dtype
         ("b", (a, b, np.zeros((3, 6), dtype))),                 # c 6 wide: b is not (4, 6)
         ("c", (a, b, np.zeros((2, 5), dtype))),                 # c 2 high: a is (3, 4)
+        ("c", (a, b, np.zeros((5, 3), dtype).T)),               # c transposed: the library writes rows
     ]
     for name, (x, y, z) in bad:
         with pytest.raises(ValueError, match=f"gemm: {name} "):
             gemm(x, y, z)
+        if x.shape[1] == y.shape[0] and z.shape == (x.shape[0], y.shape[1]):  # shapes that match: takes() says no
+            assert not gemm.takes(x, y, z)
     rows_overlap = np.lib.stride_tricks.as_strided(np.zeros(20, dtype), (4, 5), (dtype.itemsize, dtype.itemsize))
     with pytest.raises(ValueError, match="gemm: b "):  # rows that overlap: BLAS wants them apart
         gemm(a, rows_overlap, c)
@@ -64,3 +116,136 @@ def test_an_empty_sum_is_zero_or_nothing_added(gemm):
     assert np.all(c == 5)
     gemm(np.ones((2, 0), gemm.dtype), np.ones((0, 3), gemm.dtype), c)
     np.testing.assert_array_equal(c, np.ones((2, 0)) @ np.ones((0, 3)))
+
+
+@pytest.fixture
+def gemm_calls(monkeypatch):
+    """The products `matmul` hands the library (a, b, c shapes), counted."""
+    calls = []
+    call = blas.Gemm.__call__
+
+    def counted(self, a, b, c, accumulate=False):
+        calls.append((a.shape, b.shape, c.shape))
+        return call(self, a, b, c, accumulate)
+    monkeypatch.setattr(blas.Gemm, "__call__", counted)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_of_large_products_is_the_librarys(gemm_calls, dtype):
+    r = rng(5)
+    layouts_a, layouts_b = _layouts(r, dtype, 64, 48), _layouts(r, dtype, 48, 40)
+    for a in layouts_a.values():
+        for b in layouts_b.values():
+            out = np.empty((64, 40), dtype)
+            blas.matmul(a, b, out)
+            np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    assert len(gemm_calls) == 16
+    # batches: one product per entry, against one a (a pointwise convolution of several images),
+    # one b (rows of several sequences), or a batch of both (attention's heads), transposed too
+    batches = [
+        (r.standard_normal((40, 48)), r.standard_normal((3, 48, 50))),
+        (r.standard_normal((3, 40, 48)), r.standard_normal((48, 50))),
+        (r.standard_normal((2, 3, 40, 48)), r.standard_normal((2, 3, 50, 48)).swapaxes(2, 3)),
+    ]
+    for a, b in batches:
+        a, b = a.astype(dtype), b.astype(dtype)
+        out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (40, 50), dtype)
+        blas.matmul(a, b, out)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    assert gemm_calls[16:] == [((40, 48), (48, 50), (40, 50))] * 12
+
+
+def test_matmul_leaves_to_numpy_what_the_library_would_not_do_as_asked(gemm_calls):
+    r = rng(6)
+    cases = []
+    small = r.standard_normal((4, 5)).astype(np.float32), r.standard_normal((5, 6)).astype(np.float32)
+    cases.append((*small, np.empty((4, 6), np.float32)))                      # too small to pay
+    square = r.standard_normal((64, 64)).astype(np.float32)
+    cases.append((square.copy(), square, square))                             # the output is b
+    a = r.standard_normal((64, 64)).astype(np.float32)
+    cases.append((a, a.copy(), a))                                            # the output is a
+    halves = r.standard_normal((64, 64)).astype(np.float16)
+    cases.append((halves, halves.copy(), np.empty((64, 64), np.float16)))    # no half GEMM
+    ints = r.integers(-9, 9, (64, 64))
+    cases.append((ints, ints.copy(), np.empty((64, 64), np.int64)))           # integers
+    wide = r.standard_normal((64, 64)).astype(np.float32)
+    cases.append((wide, wide.copy(), np.empty((64, 128), np.float32)[:, ::2]))  # output of strided rows
+    one, two = r.standard_normal((1, 64, 64)).astype(np.float32), r.standard_normal((2, 64, 64)).astype(np.float32)
+    cases.append((one, two, np.empty((2, 64, 64), np.float32)))              # a batch axis broadcast
+    cases.append((r.standard_normal(64).astype(np.float32), two, np.empty((2, 64), np.float32)))  # a vector
+    for a, b, out in cases:
+        expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        blas.matmul(a, b, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-2 if out.dtype == np.float16 else 1e-4, atol=1e-2)
+    assert gemm_calls == []
+
+
+def _in_a_process(code, **env):
+    environment = {k: v for k, v in os.environ.items() if k not in ("NNRUN_BLAS", "OPENBLAS_CORETYPE")}
+    environment.update(env)
+    done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+_CHOICE = """
+import os, numpy, threadpoolctl
+def numpys():
+    return [i.get("architecture") for i in threadpoolctl.threadpool_info() if "64_" in i["filepath"]]
+before = numpys()
+from nnrun.ops import blas
+library = blas.library()
+print(library.own, library.core, numpys() == before, "OPENBLAS_CORETYPE" in os.environ, blas._core_type())
+"""
+
+
+def test_a_process_gets_nnruns_own_library_and_numpys_is_left_as_it_was():
+    own, core, numpys_unchanged, variable_left, chosen = _in_a_process(_CHOICE)
+    assert own == "True" and numpys_unchanged == "True" and variable_left == "False"
+    if chosen != "None":  # this CPU is one where nnrun chooses the kernels (AMD's Zen 4)
+        assert core == chosen
+
+
+def test_nnrun_blas_numpy_selects_numpys_library():
+    own, *_ = _in_a_process(_CHOICE, NNRUN_BLAS="numpy")
+    assert own == "False"
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="OpenBLAS's Haswell kernels are x86's")
+def test_the_users_core_type_is_the_libraries_choice():
+    own, core, _, variable_left, chosen = _in_a_process(_CHOICE, OPENBLAS_CORETYPE="Haswell")
+    assert own == "True" and core == "Haswell" and variable_left == "True" and chosen == "None"
+
+
+@pytest.mark.parametrize("vendor, family, flags, expected", [
+    ("AuthenticAMD", "25", "fpu avx2 avx512f avx512bw", "Haswell"),   # Zen 4: AVX-512 at half width
+    ("AuthenticAMD", "25", "fpu avx2 fma", None),                      # Zen 3: OpenBLAS picks AVX2 itself
+    ("AuthenticAMD", "26", "fpu avx2 avx512f", None),                  # Zen 5: AVX-512 at full width
+    ("GenuineIntel", "6", "fpu avx2 avx512f", None),
+])
+def test_the_kernels_chosen_by_cpu(tmp_path, monkeypatch, vendor, family, flags, expected):
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nflags\t\t: {flags}\n\n"
+                       f"processor\t: 1\nvendor_id\t: GenuineIntel\n")
+    assert blas._core_type(str(cpuinfo)) == expected
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    assert blas._core_type(str(cpuinfo)) is None
+    assert blas._core_type(str(tmp_path / "absent")) is None
+
+
+def test_a_sessions_threads_bound_nnruns_own_library():
+    assert blas.library().own
+    run_threads = threads.RunThreads(1)
+    own = [c for c in run_threads.libraries if os.path.basename(c.filepath) == blas.library().name]
+    assert len(own) == 1
+    before = own[0].get_num_threads()
+    try:
+        own[0].set_num_threads(2)
+        state = run_threads.begin()
+        assert own[0].get_num_threads() == 1
+        run_threads.end(state)
+        assert own[0].get_num_threads() == 2
+    finally:
+        own[0].set_num_threads(before)
