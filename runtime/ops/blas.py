@@ -33,9 +33,10 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 _SCALARS = {np.dtype(np.float32): ("s", ctypes.c_float), np.dtype(np.float64): ("d", ctypes.c_double)}
 
-# A product of fewer multiply-adds goes to numpy's matmul: a few microseconds of compute, where
-# this module's checks and the ctypes call (2-4 us) would be most of the time.
-MATMUL_FROM = 1 << 16
+# A product of fewer multiply-adds goes to numpy's matmul: this module's checks and the ctypes call
+# cost 8-11 us a product where numpy's matmul costs 2.5-4 (64 x 128 x 8: 8.0 against 2.5 us), and
+# below ~1M multiply-adds (25 us at one thread) that outweighs what the kernels chosen here gain.
+MATMUL_FROM = 1 << 20
 
 
 class Library:
@@ -80,51 +81,97 @@ class Gemm:
             if not accumulate:
                 c[...] = 0
             return c
-        trans_a, lda = self._layout("a", a)
-        trans_b, ldb = self._layout("b", b)
-        trans_c, ldc = self._layout("c", c)
-        if trans_c != NO_TRANS:
-            raise ValueError(f"gemm: c {c.shape} strides {c.strides} is not a matrix of unit-stride rows apart")
-        if max(m, n, k, lda, ldb, ldc) > self._limit:
+        arguments = self._arguments(a, b, c)
+        if arguments is None:
+            for name, matrix in (("a", a), ("b", b), ("c", c)):
+                layout = _layout(matrix, self.dtype.itemsize)
+                if layout is None or name == "c" and layout[0] != NO_TRANS:
+                    raise ValueError(f"gemm: {name} {matrix.shape} {matrix.dtype} strides {matrix.strides} "
+                                     f"is not a matrix of unit-stride rows apart")
             raise ValueError(f"gemm: {(m, k, n)} is beyond the library's {self._limit} elements a dimension")
-        beta = 1.0 if accumulate else 0.0
-        item = self.dtype.itemsize
-        if self._gemv is not None and n == 1:  # c's column = a @ b's column
-            stored = (m, k) if trans_a == NO_TRANS else (k, m)
-            self._gemv(ROW_MAJOR, trans_a, *stored, 1.0, a.ctypes.data, lda, b.ctypes.data, b.strides[0] // item,
-                       beta, c.ctypes.data, c.strides[0] // item)
-        elif self._gemv is not None and m == 1:  # c's row = b^T @ a's row
-            stored = (k, n) if trans_b == NO_TRANS else (n, k)
-            self._gemv(ROW_MAJOR, TRANS if trans_b == NO_TRANS else NO_TRANS, *stored, 1.0, b.ctypes.data, ldb,
-                       a.ctypes.data, a.strides[1] // item, beta, c.ctypes.data, c.strides[1] // item)
-        else:
-            self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
-                           beta, c.ctypes.data, ldc)
+        self._run(a, b, c, 1.0 if accumulate else 0.0, *arguments)
         return c
 
     def takes(self, a, b, c):
-        """Whether `self(a, b, c)` would compute rather than refuse (matching 2-D operands assumed)."""
-        if not (a.dtype == b.dtype == c.dtype == self.dtype and c.flags.writeable):
-            return False
-        try:
-            return (self._layout("c", c)[0] == NO_TRANS and self._layout("a", a) is not None
-                    and self._layout("b", b) is not None and max(*a.shape, *c.shape, *a.strides, *b.strides,
-                                                                   *c.strides) // self.dtype.itemsize <= self._limit)
-        except ValueError:
-            return False
+        """Whether `self(a, b, c)` computes c = a @ b as the operands lie (not an empty product)."""
+        return self._arguments(a, b, c) is not None
 
-    def _layout(self, name, matrix):
-        """(NO_TRANS or TRANS, leading dimension) of a matrix the library can read as it lies."""
+    def product(self, a, b, c):
+        """c = a @ b where the library takes the operands as they lie; False (nothing done) where it
+        does not. The lean form of `self(a, b, c)`, for products of every run: a few microseconds
+        of Python, where numpy's matmul takes two or three."""
+        arguments = self._arguments(a, b, c)
+        if arguments is None:
+            return False
+        self._run(a, b, c, 0.0, *arguments)
+        return True
+
+    def _arguments(self, a, b, c):
+        """(m, n, k, a's, b's and c's layouts) of c = a @ b, or None where the library cannot take
+        them as they lie: other dtypes or shapes, a read-only c, an empty product, a layout of
+        neither unit-stride rows nor columns (c: rows), a dimension beyond its integers."""
+        dtype = self.dtype
+        if a.dtype != dtype or b.dtype != dtype or c.dtype != dtype or a.ndim != 2 or c.ndim != 2:
+            return None
+        m, k = a.shape
+        n = c.shape[1]
+        if b.shape != (k, n) or c.shape[0] != m or not (m and n and k) or not c.flags.writeable:
+            return None
+        item = dtype.itemsize
+        la, lb, lc = _layout(a, item), _layout(b, item), _layout(c, item)
+        if la is None or lb is None or lc is None or lc[0] != NO_TRANS:
+            return None
+        if max(m, n, k, la[1], lb[1], lc[1]) > self._limit:
+            return None
+        return m, n, k, la, lb, lc
+
+    def _run(self, a, b, c, beta, m, n, k, la, lb, lc):
+        (trans_a, lda), (trans_b, ldb), (_, ldc) = la, lb, lc
         item = self.dtype.itemsize
-        rows, cols = matrix.shape
-        row_stride, col_stride = matrix.strides
-        if (col_stride == item or cols == 1) and row_stride % item == 0 and row_stride >= max(cols, 1) * item:
-            return NO_TRANS, row_stride // item if rows > 1 else max(cols, 1)
-        if (row_stride == item or rows == 1) and col_stride % item == 0 and col_stride >= max(rows, 1) * item:
-            return TRANS, col_stride // item if cols > 1 else max(rows, 1)
-        # (a vector's one stride may be any whole positive number of items: ?gemv's increment)
-        raise ValueError(f"gemm: {name} {matrix.shape} {matrix.dtype} strides {matrix.strides} "
-                         f"is not a matrix of unit-stride rows apart")
+        if self._gemv is not None and n == 1:  # c's column = a @ b's column
+            stored = (m, k) if trans_a == NO_TRANS else (k, m)
+            self._gemv(ROW_MAJOR, trans_a, *stored, 1.0, _address(a), lda, _address(b), b.strides[0] // item,
+                       beta, _address(c), c.strides[0] // item)
+        elif self._gemv is not None and m == 1:  # c's row = b^T @ a's row
+            stored = (k, n) if trans_b == NO_TRANS else (n, k)
+            self._gemv(ROW_MAJOR, TRANS if trans_b == NO_TRANS else NO_TRANS, *stored, 1.0, _address(b), ldb,
+                       _address(a), a.strides[1] // item, beta, _address(c), c.strides[1] // item)
+        else:
+            self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, _address(a), lda, _address(b), ldb,
+                           beta, _address(c), ldc)
+
+
+def _layout(matrix, item):
+    """(NO_TRANS or TRANS, leading dimension) of a matrix the library can read as it lies, or None.
+    (A vector's one stride may be any whole positive number of items: ?gemv's increment.)"""
+    rows, cols = matrix.shape
+    row_stride, col_stride = matrix.strides
+    if (col_stride == item or cols == 1) and row_stride % item == 0 and row_stride >= max(cols, 1) * item:
+        return NO_TRANS, row_stride // item if rows > 1 else max(cols, 1)
+    if (row_stride == item or rows == 1) and col_stride % item == 0 and col_stride >= max(rows, 1) * item:
+        return TRANS, col_stride // item if cols > 1 else max(rows, 1)
+    return None
+
+
+def _data_field():
+    """The address of an array's data, read from the array object itself: numpy's C structure
+    (PyArrayObject) holds it first after the object header, as it has since numpy 1.7. Read
+    that way it takes 0.25 us; `ndarray.ctypes.data` builds a helper object, 1.8 us, three per
+    product. Checked here on views of every kind; where it does not hold, `ctypes.data`."""
+    read = ctypes.c_void_p.from_address
+    offset = object.__basicsize__
+
+    def address(array):
+        return read(id(array) + offset).value
+
+    base = np.arange(60, dtype=np.float32).reshape(6, 10)
+    for array in (base, base[1:, 2:], base.T, base[::2, 3:7], np.empty(0), np.zeros((3, 3), np.float64)[1:]):
+        if address(array) != array.ctypes.data:
+            return lambda array: array.ctypes.data
+    return address
+
+
+_address = _data_field()
 
 
 def matmul(a, b, out):
@@ -139,13 +186,15 @@ def matmul(a, b, out):
         gemm = kernel(out.dtype)
         batch = out.shape[:-2]
         if gemm is not None and a.shape[:-2] in ((), batch) and b.shape[:-2] in ((), batch):
-            first = (0,) * len(batch)
-            a0 = a[first] if a.ndim > 2 else a
-            b0 = b[first] if b.ndim > 2 else b
-            if gemm.takes(a0, b0, out[first]):  # every entry's layout is the first's
-                for index in np.ndindex(*batch):
-                    gemm(a[index] if a.ndim > 2 else a, b[index] if b.ndim > 2 else b, out[index])
-                return out
+            if not batch:
+                if gemm.product(a, b, out):
+                    return out
+            else:
+                first = (0,) * len(batch)
+                if gemm.takes(a[first] if a.ndim > 2 else a, b[first] if b.ndim > 2 else b, out[first]):
+                    for index in np.ndindex(*batch):  # every entry's layout is the first's
+                        gemm.product(a[index] if a.ndim > 2 else a, b[index] if b.ndim > 2 else b, out[index])
+                    return out
     np.matmul(a, b, out=out)
     return out
 

@@ -120,14 +120,16 @@ def test_an_empty_sum_is_zero_or_nothing_added(gemm):
 
 @pytest.fixture
 def gemm_calls(monkeypatch):
-    """The products `matmul` hands the library (a, b, c shapes), counted."""
+    """The products `matmul` hands the library (a, b, c shapes), counted; those of 64K
+    multiply-adds and more, so that small arrays test it."""
+    monkeypatch.setattr(blas, "MATMUL_FROM", 1 << 16)
     calls = []
-    call = blas.Gemm.__call__
+    run = blas.Gemm._run
 
-    def counted(self, a, b, c, accumulate=False):
+    def counted(self, a, b, c, *arguments):
         calls.append((a.shape, b.shape, c.shape))
-        return call(self, a, b, c, accumulate)
-    monkeypatch.setattr(blas.Gemm, "__call__", counted)
+        return run(self, a, b, c, *arguments)
+    monkeypatch.setattr(blas.Gemm, "_run", counted)
     return calls
 
 
