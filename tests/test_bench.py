@@ -251,3 +251,16 @@ def test_memory_cap_rows_run_inside_a_cgroup(tmp_path, small_model):
     section = table.split("## Under a memory limit")[1]
     assert _row(section, "bench_small", "nnrun @1G") and "completed 1/1" in _row(section, "bench_small", "nnrun @1G")
     assert "out of memory" in _row(section, "bench_small", "onnxruntime @8M")
+
+
+def test_a_switch_in_capitals_is_the_workers_environment(tmp_path, small_model):
+    """`nnrun:NNRUN_BLAS=numpy` runs nnrun's workers with numpy's BLAS, in the same run as the plain
+    row; a lower-case switch stays a session option."""
+    runtimes = bench.parse_runtimes("nnrun,nnrun:NNRUN_BLAS=numpy+fold_constants=False")
+    assert [(r.options, r.env) for r in runtimes] == [({}, {}), ({"fold_constants": False}, {"NNRUN_BLAS": "numpy"})]
+    results, _, _ = _run(tmp_path, small_model, "--runtimes", "nnrun,nnrun:NNRUN_BLAS=numpy,onnxruntime",
+                         "--runs", "1", "--warmup", "0", "--threads", "1", "--dim", "batch=2")
+    plain, numpys = results[("bench_small", "nnrun")], results[("bench_small", "nnrun:NNRUN_BLAS=numpy")]
+    assert plain["repeats"][0]["nnrun_blas"]["own"] is True
+    assert numpys["repeats"][0]["nnrun_blas"]["own"] is False and numpys["env"] == {"NNRUN_BLAS": "numpy"}
+    assert plain["check"]["ok"] and numpys["check"]["ok"]

@@ -24,6 +24,7 @@ import ast
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,7 @@ class Runtime:
     warm: bool = False
     base: str = None
     cap: int = None  # bytes: the worker runs inside a memory cgroup of this limit (--memory-cap)
+    env: dict = field(default_factory=dict)  # the worker's environment beyond the harness's own
 
 
 def with_capped_rows(runtimes, caps):
@@ -82,7 +84,7 @@ def with_capped_rows(runtimes, caps):
         out.append(rt)
         for cap in caps:
             out.append(Runtime(f"{rt.label} @{_size_label(cap)}", rt.kind, dict(rt.options), base=rt.label,
-                               cap=cap))
+                               cap=cap, env=dict(rt.env)))
     return out
 
 
@@ -96,7 +98,8 @@ def with_warm_rows(runtimes):
     for rt in runtimes:
         out.append(rt)
         if rt.kind == "nnrun":
-            out.append(Runtime(f"{rt.label} warm", rt.kind, dict(rt.options), warm=True, base=rt.label))
+            out.append(Runtime(f"{rt.label} warm", rt.kind, dict(rt.options), warm=True, base=rt.label,
+                               env=dict(rt.env)))
     return out
 
 
@@ -236,27 +239,32 @@ def prepare_inputs(model, workdir, dims, int_ranges, seed):
 # -- runtimes and workers ---------------------------------------------------------------------------
 
 def parse_runtimes(text):
-    """`nnrun,onnxruntime,nnrun:release_weights=False+fold_constants=False` -> [Runtime]."""
+    """`nnrun,onnxruntime,nnrun:release_weights=False+fold_constants=False` -> [Runtime]. A switch
+    named in capitals is an environment variable of the runtime's workers, not a session option
+    (`nnrun:NNRUN_BLAS=numpy`): rows that differ only in it run interleaved, as any two rows do."""
     runtimes = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         kind, _, switches = item.partition(":")
-        options = {}
+        options, env = {}, {}
         for switch in filter(None, switches.split("+")):
             key, _, value = switch.partition("=")
+            if re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
+                env[key] = value
+                continue
             try:
                 options[key] = ast.literal_eval(value)
             except (ValueError, SyntaxError):
                 options[key] = value
-        runtimes.append(Runtime(item, kind, options))
+        runtimes.append(Runtime(item, kind, options, env=env))
     return runtimes
 
 
-def run_worker(job, workdir, timeout, threads, cap=None):
-    """Run one job in a fresh process (inside a memory cgroup of `cap` bytes when given); returns the
-    worker's result, or a failure with the reason."""
+def run_worker(job, workdir, timeout, threads, cap=None, env=None):
+    """Run one job in a fresh process (inside a memory cgroup of `cap` bytes when given, with `env`
+    added to its environment); returns the worker's result, or a failure with the reason."""
     job_file = workdir / f"{job['id']}.job.json"
     job_file.write_text(json.dumps(job))
-    env = dict(os.environ, **{name: str(threads) for name in THREAD_ENV})
+    env = dict(os.environ, **{name: str(threads) for name in THREAD_ENV}, **(env or {}))
     command = [sys.executable, "-m", "nnrun_tools.bench_worker", str(job_file)]
     started = time.perf_counter()
     load = _loadavg()
@@ -445,7 +453,8 @@ def run_all(models, runtimes, args, workdir):
     for model, rt in rows:
         records.append({"model": model.name, "path": str(model.path), "format": model.format,
                         "size_bytes": model.size_bytes, "runtime": rt.label, "kind": rt.kind,
-                        "options": rt.options, "not_run": not_run_reason(model, rt, args), "repeats": []})
+                        "options": rt.options, "env": rt.env, "not_run": not_run_reason(model, rt, args),
+                        "repeats": []})
     # Model by model, each repeat going round the runtimes, so that a drift of the machine (heat, a
     # neighbour's load) spreads over every runtime rather than landing on one.
     todo = []
@@ -460,7 +469,7 @@ def run_all(models, runtimes, args, workdir):
             wait_until_settled(job["weight_cache_dir"])
         print(f"[{step}/{len(todo)}] {model.name} {rt.label} repeat {rep + 1}/{args.repeat} ...",
               end="", file=sys.stderr, flush=True)
-        result = run_worker(job, workdir, args.timeout, args.threads, rt.cap)
+        result = run_worker(job, workdir, args.timeout, args.threads, rt.cap, rt.env)
         result["repeat"] = rep
         result["outputs_file"] = job["outputs_file"]
         rec["repeats"].append(result)
@@ -498,7 +507,7 @@ def check_all(records, rtol):
     for model, recs in by_model.items():
         peer = None
         for kind in PEERS[recs[0]["format"]]:
-            peer = next((r for r in recs if r["kind"] == kind and not r["options"]
+            peer = next((r for r in recs if r["kind"] == kind and not r["options"] and not r.get("env")
                          and any(x.get("ok") for x in r["repeats"])), None)
             if peer:
                 break

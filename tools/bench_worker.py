@@ -288,6 +288,10 @@ def measure(job):
         for name in ("MODEL_LOAD", "PREPARE"):
             phases[name] = {k: report["phases"][name][k] for k in ("time_ms", "rss_kb", "hwm_kb")}
         result["nnrun_report"] = report
+        from nnrun.ops import blas
+
+        library = blas.library()
+        result["nnrun_blas"] = {"library": library.name, "kernels": library.core, "own": library.own}
     result["phases"] = phases
     result["peak"] = {"rss_kb": max(p["rss_kb"] or 0 for p in phases.values()),
                       "hwm_kb": max([p["hwm_kb"] or 0 for p in phases.values()] + [hwm_kb()])}
