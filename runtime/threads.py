@@ -1,5 +1,5 @@
-"""The threads a session's runs use: the BLAS libraries' (nnrun's own for the kernels' matrix
-products, ops/blas.py; numpy's) and the kernels' pool (ops/parallel.py).
+"""The threads a session's runs use: the BLAS libraries' (nnrun's own on one thread, numpy's on
+several, ops/blas.py) and the kernels' pool (ops/parallel.py).
 
 `intra_op_num_threads` sizes both, as onnxruntime's option sizes its own pool; 0 (the default)
 is the physical cores for the pool and the library's own default for BLAS. Finding the
@@ -10,7 +10,6 @@ run then reads each library's count (a fraction of a microsecond) and only where
 sets it and puts it back after the run.
 """
 
-import os
 import threading
 
 from .ops import blas, parallel
@@ -39,20 +38,12 @@ def kernel_threads(intra_op_num_threads):
 
 class RunThreads:
     """The threads of a session's runs, fixed when the session is made (onnxruntime reads
-    `intra_op_num_threads` then too): the kernels' pool, and the thread count a run sets in each
-    library where the library's differs, put back after the run.
-
-    The counts: nnrun's own BLAS (ops/blas.py) runs on `intra_op_num_threads` (0: its own
-    default, the cores); every other BLAS library in the process (numpy's, scipy's) on one while
-    a run lasts, since nnrun's kernels make their large products with their own, and two
-    libraries' threads, each spinning a while after a product for the next, take the same cores
-    from each other (PP-OCRv6 det on two threads: 80 ms against 33 with both libraries on two).
-    Without nnrun's own library, numpy's is the kernels' and runs on `intra_op_num_threads` (0:
-    left as it is). Other thread-pool libraries (OpenMP) take `intra_op_num_threads` when set.
+    `intra_op_num_threads` then too): the kernels' pool, and the BLAS count a run sets in each
+    library where the library's differs, put back after the run (0: left as it is).
 
     `begin()` before a run returns what `end(state)` needs after it; nothing is kept on the object,
     so runs on several threads at once each have their own state. A run costs one contextvar set
-    and a read of each bounded library's count: about a microsecond.
+    and, with a BLAS bound, a read of each library's count: about a microsecond.
     """
 
     __slots__ = ("threads", "blas", "libraries", "counts")
@@ -60,18 +51,10 @@ class RunThreads:
     def __init__(self, intra_op_num_threads):
         self.threads = kernel_threads(intra_op_num_threads)
         self.blas = intra_op_num_threads if intra_op_num_threads > 0 else 0
-        own = blas.library()  # nnrun's own BLAS, loaded first, so that the look below finds it
+        blas.library()  # nnrun's own BLAS, loaded first, so that the look below finds it
         # looked up again for each session (~0.1 ms): a library loaded since the last look is bounded too
-        bounded = []
-        for library in controller(refresh=True).lib_controllers:
-            if own.own and library.user_api == "blas":
-                count = self.blas if os.path.basename(library.filepath) == own.name else 1
-            else:
-                count = self.blas
-            if count:
-                bounded.append((library, count))
-        self.libraries = tuple(library for library, _ in bounded)
-        self.counts = tuple(count for _, count in bounded)
+        self.libraries = tuple(controller(refresh=True).lib_controllers) if self.blas else ()
+        self.counts = (self.blas,) * len(self.libraries)
 
     def begin(self):
         changed = None

@@ -4,23 +4,21 @@ in one output, conv_core's "gemm-shifted" convolution: one per tap, each over a 
 padded image shifted by the tap's offset, views that overlap one another), and for the large
 matrix products of the convolution and Gemm kernels (`matmul`).
 
-The library is nnrun's own where it is installed: the OpenBLAS build numpy's and scipy's wheels
-are made from, as the `scipy-openblas32` wheel ships it (32-bit integers, names that begin
-`scipy_`), loaded by nnrun alone. Being nnrun's, it is set up for nnrun's kernels without
-touching the numpy library a program shares with nnrun:
+Runs on one thread use nnrun's own library where it is installed: the OpenBLAS build numpy's and
+scipy's wheels are made from, as the `scipy-openblas32` wheel ships it (32-bit integers, names
+that begin `scipy_`), loaded by nnrun alone, so that its kernels are chosen for nnrun without
+touching the numpy library a program shares with it. OpenBLAS picks its AVX-512 ("SkylakeX")
+kernels on AMD's Zen 4, which runs AVX-512 at half width, and its AVX2 ("Haswell") kernels are as
+fast there on large products and up to twice as fast on narrow ones (few output channels over
+many pixels): on Zen 4, where the variable is not set already, nnrun loads its library with
+OPENBLAS_CORETYPE=Haswell; elsewhere OpenBLAS chooses as it does for numpy.
 
-- its kernels are chosen for the CPU: OpenBLAS picks its AVX-512 ("SkylakeX") kernels on AMD's
-  Zen 4, which runs AVX-512 at half width, and its AVX2 ("Haswell") kernels are as fast there on
-  large products and up to twice as fast on narrow ones (few output channels over many pixels).
-  On Zen 4, where the variable is not set already, nnrun loads it with OPENBLAS_CORETYPE=Haswell;
-  elsewhere OpenBLAS chooses as it does for numpy;
-- its thread count is a session's (threads.py), and numpy's is left as the program set it.
-
-Where it is absent, or NNRUN_BLAS=numpy is set, the library is numpy's own: its wheels link
-OpenBLAS built with 64-bit integers and names ending in `64_`. Anything else (Accelerate, MKL, a
-distribution's OpenBLAS) gives `kernel(dtype) is None`: callers keep their numpy path, and
-`matmul` is numpy's. Either library is one threadpoolctl finds, so threads.py sets its thread
-count to the session's.
+Runs on several threads use numpy's library (`for_run`): a second library's threads would take
+the cores of the first's. Numpy's is also the one where nnrun's own is absent or NNRUN_BLAS=numpy
+is set: its wheels link OpenBLAS built with 64-bit integers and names ending in `64_`. Anything
+else (Accelerate, MKL, a distribution's OpenBLAS) gives `kernel(dtype) is None`: callers keep
+their numpy path, and `matmul` is numpy's. Every library is one threadpoolctl finds, so
+threads.py sets its thread count to the session's.
 """
 
 import ctypes
@@ -28,6 +26,8 @@ import os
 import threading
 
 import numpy as np
+
+from . import parallel
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
@@ -178,10 +178,10 @@ def matmul(a, b, out):
     """out = a @ b, as np.matmul(a, b, out=out) computes it for operands of two dimensions or
     more, by the library's GEMM where it serves: float32/64 products of at least MATMUL_FROM
     multiply-adds each, operands it reads as they lie, an output that overlaps neither, and batch
-    axes that are out's on each operand or absent from it (one product per batch entry). Anything
-    else is numpy's, as are 1-D operands."""
+    axes that are out's on each operand or absent from it (one product per batch entry), in a run
+    on nnrun's own library (`for_run`). Anything else is numpy's, as are 1-D operands."""
     if (a.ndim >= 2 and b.ndim >= 2 and out.ndim == max(a.ndim, b.ndim) and out.size
-            and a.shape[-2] * a.shape[-1] * out.shape[-1] >= MATMUL_FROM
+            and a.shape[-2] * a.shape[-1] * out.shape[-1] >= MATMUL_FROM and for_run().own
             and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
         gemm = kernel(out.dtype)
         batch = out.shape[:-2]
@@ -199,12 +199,14 @@ def matmul(a, b, out):
     return out
 
 
-_library = None
+_library = None  # nnrun's own, else numpy's
+_numpys = None
 _lock = threading.Lock()
 
 
 def library():
-    """The Library nnrun's GEMMs use, loaded on first call (a library that is not there: name None)."""
+    """nnrun's own Library (numpy's where it is absent, or NNRUN_BLAS=numpy), loaded on first call
+    (a library that is not there: name None)."""
     global _library
     if _library is None:
         with _lock:
@@ -213,9 +215,32 @@ def library():
     return _library
 
 
+def numpys():
+    """numpy's Library (`library()` where numpy's has no GEMM nnrun can call)."""
+    global _numpys
+    if _numpys is None:
+        own = library()
+        found = _load_numpys() if own.own else own
+        with _lock:
+            if _numpys is None:
+                _numpys = found if found.gemms else own
+    return _numpys
+
+
+def for_run():
+    """The Library of the run in progress: nnrun's own where the run is on one thread, numpy's
+    where it is on several. On several, two libraries would each keep threads spinning for their
+    next product, taking the same cores from each other (PP-OCRv6 det at two threads, both
+    libraries on two: 80 ms against 33 ms with numpy's alone; with numpy's pinned to one thread
+    while runs last, the set ran 7% slower than on numpy's alone, and silero VAD alternated
+    between 0.2 and 0.4 ms a run), while one thread has no threads to spin."""
+    return library() if parallel.current().threads == 1 else numpys()
+
+
 def kernel(dtype):
-    """The Gemm for `dtype` (float32 or float64), or None where there is no usable library."""
-    return library().gemms.get(np.dtype(dtype))
+    """The Gemm for `dtype` (float32 or float64) of the run in progress (`for_run`), or None
+    where there is no usable library."""
+    return for_run().gemms.get(np.dtype(dtype))
 
 
 def _load():

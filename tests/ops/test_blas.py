@@ -251,3 +251,25 @@ def test_a_sessions_threads_bound_nnruns_own_library():
         assert own[0].get_num_threads() == 2
     finally:
         own[0].set_num_threads(before)
+
+
+def test_runs_on_several_threads_use_numpys_library(gemm_calls):
+    """nnrun's own library serves runs on one thread; on several, numpy's (whose threads alone
+    then spin for the next product)."""
+    from nnrun.ops import parallel
+
+    assert blas.library().own and not blas.numpys().own
+    r = rng(7)
+    a, b = r.standard_normal((64, 48)).astype(np.float32), r.standard_normal((48, 40)).astype(np.float32)
+    out = np.empty((64, 40), np.float32)
+    token = parallel.enter(parallel.pool(2))
+    try:
+        assert blas.for_run() is blas.numpys() and blas.kernel(np.float32) is blas.numpys().gemms[np.dtype(np.float32)]
+        blas.matmul(a, b, out)
+    finally:
+        parallel.leave(token)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    assert gemm_calls == []  # numpy's matmul, not a call through ctypes
+    assert blas.for_run() is blas.library()
+    blas.matmul(a, b, out)
+    assert len(gemm_calls) == 1
