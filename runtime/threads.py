@@ -1,5 +1,5 @@
-"""The threads a session's runs use: the BLAS libraries' (nnrun's own on one thread, numpy's on
-several, ops/blas.py) and the kernels' pool (ops/parallel.py).
+"""The threads a session's runs use: the BLAS libraries' (numpy's; nnrun's own runs on one thread
+and is left so, ops/blas.py) and the kernels' pool (ops/parallel.py).
 
 `intra_op_num_threads` sizes both, as onnxruntime's option sizes its own pool; 0 (the default)
 is the physical cores for the pool and the library's own default for BLAS. Finding the
@@ -52,9 +52,16 @@ class RunThreads:
         self.threads = kernel_threads(intra_op_num_threads)
         self.blas = intra_op_num_threads if intra_op_num_threads > 0 else 0
         blas.library()  # nnrun's own BLAS, loaded first, so that the look below finds it
-        # looked up again for each session (~0.1 ms): a library loaded since the last look is bounded too
-        self.libraries = tuple(controller(refresh=True).lib_controllers) if self.blas else ()
-        self.counts = (self.blas,) * len(self.libraries)
+        # looked up again for each session (~0.1 ms): a library loaded since the last look is bounded
+        # too. nnrun's own BLAS runs on one thread whatever the session (ops/blas.py), put back to
+        # one should the program have changed it.
+        bounded = []
+        for library in controller(refresh=True).lib_controllers:
+            count = 1 if blas.is_own(library.filepath) else self.blas
+            if count:
+                bounded.append((library, count))
+        self.libraries = tuple(library for library, _ in bounded)
+        self.counts = tuple(count for _, count in bounded)
 
     def begin(self):
         changed = None

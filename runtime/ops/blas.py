@@ -14,11 +14,12 @@ many pixels): on Zen 4, where the variable is not set already, nnrun loads its l
 OPENBLAS_CORETYPE=Haswell; elsewhere OpenBLAS chooses as it does for numpy.
 
 Runs on several threads use numpy's library (`for_run`): a second library's threads would take
-the cores of the first's. Numpy's is also the one where nnrun's own is absent or NNRUN_BLAS=numpy
-is set: its wheels link OpenBLAS built with 64-bit integers and names ending in `64_`. Anything
-else (Accelerate, MKL, a distribution's OpenBLAS) gives `kernel(dtype) is None`: callers keep
-their numpy path, and `matmul` is numpy's. Every library is one threadpoolctl finds, so
-threads.py sets its thread count to the session's.
+the cores of the first's. nnrun's own is loaded to run on one thread, and stays so. Numpy's is
+also the one where nnrun's own is absent or NNRUN_BLAS=numpy is set: its wheels link OpenBLAS
+built with 64-bit integers and names ending in `64_`. Anything else (Accelerate, MKL, a
+distribution's OpenBLAS) gives `kernel(dtype) is None`: callers keep their numpy path, and
+`matmul` is numpy's. Numpy's library is one threadpoolctl finds, so threads.py sets its thread
+count to the session's.
 """
 
 import ctypes
@@ -215,6 +216,12 @@ def library():
     return _library
 
 
+def is_own(filepath):
+    """Whether a library file (threadpoolctl's `filepath`) is nnrun's own, loaded here."""
+    own = library()
+    return own.own and os.path.basename(filepath) == own.name
+
+
 def numpys():
     """numpy's Library (`library()` where numpy's has no GEMM nnrun can call)."""
     global _numpys
@@ -267,18 +274,25 @@ def _load_own():
         return None
     if not names:
         return None
+    # Read by the library as it loads: its kernels, and one thread (it serves runs on one thread
+    # only, so it starts none of its own that could spin for a next product; threads.py leaves
+    # its count alone).
+    settings = {"OPENBLAS_NUM_THREADS": "1"}
     core = _core_type()
-    before = os.environ.get("OPENBLAS_CORETYPE")
+    if core is not None:
+        settings["OPENBLAS_CORETYPE"] = core
+    before = {name: os.environ.get(name) for name in settings}
     try:
-        if core is not None:
-            os.environ["OPENBLAS_CORETYPE"] = core  # read by the library as it loads
+        os.environ.update(settings)
         handle = ctypes.CDLL(os.path.join(directory, names[0]))
     except OSError:
         return None
     finally:
-        if core is not None:
-            os.environ.pop("OPENBLAS_CORETYPE", None) if before is None else os.environ.update(
-                OPENBLAS_CORETYPE=before)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     gemms = _gemms(handle, "scipy_cblas_{}gemm", ctypes.c_int32)
     if not gemms:
         return None

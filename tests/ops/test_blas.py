@@ -237,20 +237,27 @@ def test_the_kernels_chosen_by_cpu(tmp_path, monkeypatch, vendor, family, flags,
     assert blas._core_type(str(tmp_path / "absent")) is None
 
 
-def test_a_sessions_threads_bound_nnruns_own_library():
+def test_nnruns_own_library_runs_on_one_thread_whatever_a_session_asks():
+    """It serves runs on one thread only: loaded with one (no thread of its own to spin), and a
+    session of several bounds numpy's, not it; set to more by the program, a run puts it back."""
     assert blas.library().own
-    run_threads = threads.RunThreads(1)
-    own = [c for c in run_threads.libraries if os.path.basename(c.filepath) == blas.library().name]
-    assert len(own) == 1
-    before = own[0].get_num_threads()
+    own = [c for c in threads.controller(refresh=True).lib_controllers if blas.is_own(c.filepath)]
+    assert len(own) == 1 and own[0].get_num_threads() == 1
+    run_threads = threads.RunThreads(2)
+    counts = {c.filepath: n for c, n in zip(run_threads.libraries, run_threads.counts)}
+    assert counts[own[0].filepath] == 1
+    assert [n for path, n in counts.items() if path.endswith(blas.numpys().name)] == [2]
+    state = run_threads.begin()
+    assert own[0].get_num_threads() == 1
+    run_threads.end(state)
     try:
         own[0].set_num_threads(2)
         state = run_threads.begin()
         assert own[0].get_num_threads() == 1
         run_threads.end(state)
-        assert own[0].get_num_threads() == 2
+        assert own[0].get_num_threads() == 2  # the program's setting, back after the run
     finally:
-        own[0].set_num_threads(before)
+        own[0].set_num_threads(1)
 
 
 def test_runs_on_several_threads_use_numpys_library(gemm_calls):
