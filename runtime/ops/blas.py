@@ -275,8 +275,8 @@ def _load_own():
     if not names:
         return None
     # Read by the library as it loads: its kernels, and one thread (it serves runs on one thread
-    # only, so it starts none of its own that could spin for a next product; threads.py leaves
-    # its count alone).
+    # only, so it starts none of its own that could spin for a next product; threads.py keeps it
+    # at one).
     settings = {"OPENBLAS_NUM_THREADS": "1"}
     core = _core_type()
     if core is not None:
