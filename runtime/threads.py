@@ -1,5 +1,5 @@
 """The threads a session's runs use: the BLAS libraries' (numpy's; nnrun's own runs on one thread
-and is left so, ops/blas.py) and the kernels' pool (ops/parallel.py).
+and is kept so, ops/blas.py) and the kernels' pool (ops/parallel.py).
 
 `intra_op_num_threads` sizes both, as onnxruntime's option sizes its own pool; 0 (the default)
 is the physical cores for the pool and the library's own default for BLAS. Finding the
