@@ -55,8 +55,8 @@ class Gemm:
     to c; a (M, K), b (K, N), c (M, N). c has unit stride along its rows; a and b along their
     rows or (a transposed view) their columns; each with its other stride at least its rows' (or
     columns') length (checked: the library reads and writes through raw pointers). A product of
-    one column or one row (N or M of 1) is the library's ?gemv where it has one: its ?gemm of one
-    column is several times slower (768 x 384 by a vector on two threads: 250 against 60 us)."""
+    one column or one row (N or M of 1) is the library's ?gemv where it has one (768 x 384 by a
+    vector as a ?gemm of one column took 250 us at two threads, numpy's matmul 60)."""
 
     __slots__ = ("dtype", "_function", "_gemv", "_limit")
 
@@ -182,19 +182,22 @@ def matmul(a, b, out):
     axes that are out's on each operand or absent from it (one product per batch entry), in a run
     on nnrun's own library (`for_run`). Anything else is numpy's, as are 1-D operands."""
     if (a.ndim >= 2 and b.ndim >= 2 and out.ndim == max(a.ndim, b.ndim) and out.size
-            and a.shape[-2] * a.shape[-1] * out.shape[-1] >= MATMUL_FROM and for_run().own
+            and a.shape[-2] * a.shape[-1] * out.shape[-1] >= MATMUL_FROM
             and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
-        gemm = kernel(out.dtype)
+        library = for_run()
+        gemm = library.gemms.get(out.dtype) if library.own else None
         batch = out.shape[:-2]
         if gemm is not None and a.shape[:-2] in ((), batch) and b.shape[:-2] in ((), batch):
             if not batch:
                 if gemm.product(a, b, out):
                     return out
             else:
-                first = (0,) * len(batch)
-                if gemm.takes(a[first] if a.ndim > 2 else a, b[first] if b.ndim > 2 else b, out[first]):
+                def entry(index):
+                    return a[index] if a.ndim > 2 else a, b[index] if b.ndim > 2 else b, out[index]
+                arguments = gemm._arguments(*entry((0,) * len(batch)))
+                if arguments is not None:
                     for index in np.ndindex(*batch):  # every entry's layout is the first's
-                        gemm.product(a[index] if a.ndim > 2 else a, b[index] if b.ndim > 2 else b, out[index])
+                        gemm._run(*entry(index), 0.0, *arguments)
                     return out
     np.matmul(a, b, out=out)
     return out
