@@ -377,6 +377,28 @@ def test_apply_activation_in_place_over_several_blocks(kind, params):
     assert_close(apply_activation(x.copy(), (kind, params)), expected)
 
 
+def test_activations_in_place_on_several_threads_at_once_keep_their_own_temporaries():
+    """Each thread's formulas in place work in a buffer of that thread's, reused from call to call:
+    shares of one output activated on the kernels' pool threads at once never mix their blocks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nnrun.ops.activation import temporary
+
+    first = temporary(1000, np.float32)
+    assert np.shares_memory(first, temporary(500, np.float64))  # this thread's one buffer
+    with ThreadPoolExecutor(1) as other:
+        assert not np.shares_memory(first, other.submit(temporary, 1000, np.float32).result())
+    xs = [data((3, 65536 + 7), seed=k, low=-6, high=6) for k in range(4)]
+    (expected,) = zip(*[run_onnxruntime(make_model([helper.make_node("HardSwish", ["x"], ["y"])], [("x", x)],
+                                                   [("y", None)], opset=16), {"x": x}) for x in xs])
+    for _ in range(3):
+        ys = [x.copy() for x in xs]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda y: apply_activation(y, ("HardSwish", {})), ys))
+        for y, e in zip(ys, expected):
+            assert_close(y, e)
+
+
 @pytest.mark.parametrize("op", ["Erf", "Gelu"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_erf_other_float_types(op, dtype):
