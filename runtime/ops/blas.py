@@ -93,6 +93,18 @@ class Gemm:
         self._run(a, b, c, 1.0 if accumulate else 0.0, *arguments)
         return c
 
+    @property
+    def limit(self):
+        """The largest dimension or leading dimension the library's integers hold."""
+        return self._limit
+
+    def rows_product(self, m, n, k, a, b, c):
+        """c (m, n) = a (m, k) @ b (k, n), all three C-contiguous of this dtype, m and n above 1,
+        each dimension within `limit`: unchecked, the caller has made sure (conv_core.PointwiseStep
+        at PREPARE and on each call), so a product costs the library's call and nothing else."""
+        self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, _address(a), k, _address(b), n, 0.0,
+                       _address(c), n)
+
     def takes(self, a, b, c):
         """Whether `self(a, b, c)` computes c = a @ b as the operands lie (not an empty product)."""
         return self._arguments(a, b, c) is not None

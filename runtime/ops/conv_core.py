@@ -961,6 +961,71 @@ def _pointwise(x, w, out, plan):
         blas.matmul(x.reshape(-1, plan.c_in), w_mat.T, out.reshape(-1, plan.c_out))
 
 
+class PointwiseStep:
+    """A pointwise convolution of one image, channels first, made ready at PREPARE for every run:
+    out (Cout, P) = W (Cout, Cin) @ x (Cin, P), then the bias, residual and activation, as `conv`
+    computes them, with what `conv` works out on each call (the path, the matrices' layouts, the
+    library's arguments, the epilogue's mode) worked out once. `step(...)` returns False, having
+    done nothing, where the run's arrays are not the ones planned for (not contiguous, a bias that
+    is not): the caller then takes `conv`.
+
+    Measured on a 2-vCPU Zen 4, one thread, PP-OCR's classifier: a step of 8 -> 2 channels over one
+    pixel took 6.4 us through `conv` against 1.7 us for its two numpy calls; 32 -> 200 channels over
+    192 pixels with HardSwish (compiled) 50.9 against 36.4 us."""
+
+    __slots__ = ("m", "k", "n", "dtype", "epilogue", "activation", "mode", "direct")
+
+    def __init__(self, plan, activation):
+        self.m, self.k = plan.c_out, plan.c_in
+        self.n = math.prod(plan.window.out_spatial)
+        self.dtype = plan.dtype
+        self.activation = activation
+        self.epilogue, self.mode = None, None
+        if plan.epilogue is not None:
+            mode, p0, p1, after = jit.activation_mode(activation, plan.dtype)
+            if after is None:
+                self.epilogue, self.mode = plan.epilogue, (mode, p0, p1)
+        # The library's GEMM called with the arguments as they are here (both matrices and the
+        # output in rows, none a row or a column: blas.Gemm's gemv cases), where blas.matmul would
+        # take the product to the library at all.
+        self.direct = self.m > 1 and self.n > 1 and self.m * self.k * self.n >= blas.MATMUL_FROM
+
+    def __call__(self, x, w, bias, out, residual=None):
+        m, k, n = self.m, self.k, self.n
+        if w is None or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous
+                and out.shape[0] == 1 and x.dtype == w.dtype == out.dtype == self.dtype):
+            return False
+        if residual is not None and not (residual.shape == out.shape and residual.flags.c_contiguous):
+            return False
+        if bias is not None and not bias.flags.c_contiguous:
+            return False
+        out_mat = out.reshape(m, n)
+        library = blas.for_run() if self.direct else None
+        gemm = library.gemms.get(self.dtype) if library is not None and library.own else None
+        if gemm is not None and max(m, n, k) <= gemm.limit:
+            gemm.rows_product(m, n, k, w, x, out)
+        elif m <= NARROW_ROWS and n > 1:  # as _pointwise: a matrix-vector product per row
+            w_mat, x_mat = w.reshape(m, k), x.reshape(k, n)
+            for row in range(m):
+                np.dot(w_mat[row], x_mat, out=out_mat[row])
+        else:
+            np.matmul(w.reshape(m, k), x.reshape(k, n), out=out_mat)
+        if bias is None and self.activation is None and residual is None:
+            return True
+        worth_a_call = (out.size >= EPILOGUE_MIN or residual is not None
+                        or (self.activation is not None and self.activation[0] in _PASSES_MANY))
+        if self.epilogue is not None and worth_a_call and parallel.parts(out.size, EPILOGUE_SHARE) == 1:
+            has_bias, has_residual = bias is not None, residual is not None
+            self.epilogue(out_mat, bias if has_bias else out_mat[0], has_bias, True, *self.mode, 0, m,
+                          residual.reshape(m, n) if has_residual else out_mat, has_residual)
+        elif out.size < parallel.SPLIT_FROM and (self.epilogue is None or not worth_a_call):
+            _add_activate(out_mat, bias.reshape(m, 1) if bias is not None else None, self.activation,
+                          residual.reshape(m, n) if residual is not None else None)
+        else:
+            _bias_activation(out, bias, self.activation, CHANNELS_FIRST, epilogue=self.epilogue, residual=residual)
+        return True
+
+
 def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None, residual=None):
     """out += bias (per channel), then `residual` (None, or an array that broadcasts to out), then
     the activation, in place; a large output in channel shares (channels first) or row shares
