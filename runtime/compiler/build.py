@@ -415,7 +415,8 @@ def fold_constants(kernel, derived, in_infos, out_infos, limit=None):
     scratch = [np.empty(s, d) for s, d in spec]
     args = [None if k in kernel.packed else v for k, v in enumerate(values)]
     outs = tuple(np.empty(o.shape, o.dtype) for o in out_infos)
-    result = kernel.run(*args, outs=outs, scratch=tuple(scratch))
+    with np.errstate(all="ignore"):  # inf and NaN are values, as in a run (executor.run)
+        result = kernel.run(*args, outs=outs, scratch=tuple(scratch))
     if result is not None:
         results = result if isinstance(result, (tuple, list)) else (result,)
         outs = tuple(np.asarray(r, dtype=o.dtype).reshape(o.shape) for r, o in zip(results, out_infos))

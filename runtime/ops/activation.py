@@ -108,10 +108,11 @@ def clip(x, out, min=None, max=None):  # noqa: A002 - the spec's names
 
 
 def sigmoid(x, out):
-    # 1 / (1 + exp(-x)): exp overflows to inf for x < -88 (float32), which gives the right 0.
-    with np.errstate(over="ignore"):
-        np.negative(x, out=out)
-        np.exp(out, out=out)
+    # 1 / (1 + exp(-x)): exp overflows to inf for x < -88 (float32), which gives the right 0. No
+    # errstate block of its own (it costs as much as the arithmetic on a small output): the executor
+    # runs, and constant folding folds, with numpy's errors ignored.
+    np.negative(x, out=out)
+    np.exp(out, out=out)
     np.add(out, 1, out=out)
     np.divide(1, out, out=out)
 
