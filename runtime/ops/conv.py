@@ -87,7 +87,7 @@ class Conv(_ConvBase):
 
     w_taps = None     # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
     w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
-    pointwise = None  # a pointwise conv of one image made ready for every run (conv_core.PointwiseStep)
+    step = None  # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
 
     def prepare(self, x, w, b=None, s=None):
@@ -97,9 +97,9 @@ class Conv(_ConvBase):
             self.window, kept = live
             form = "live" + "".join(f"{k.start}:{k.stop}" for k in kept)
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
-        self.pointwise = None
-        if self.plan.method == "pointwise" and x.shape[0] == 1 and w.value is not None and self.conv_shape is None:
-            self.pointwise = conv_core.PointwiseStep(self.plan, self.activation)
+        self.step = None
+        if conv_core.GemmStep.serves(self.plan) and x.shape[0] == 1 and w.value is not None and self.conv_shape is None:
+            self.step = conv_core.GemmStep(self.plan, self.activation)
 
         def weight():
             return w.value[(slice(None), slice(None)) + kept] if live is not None else w.value
@@ -115,7 +115,8 @@ class Conv(_ConvBase):
 
     def run(self, x, w, b=None, s=None, *, outs, scratch=(), stream=None):
         """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
-        if self.pointwise is not None and stream is None and self.pointwise(x, w, b, outs[0], s):
+        if self.step is not None and stream is None and self.step(
+                x, self.w_live if self.w_live is not None else w, b, outs[0], scratch[0] if scratch else None, s):
             return
         own = scratch[0] if self.plan.scratch_elems else None
         if self.conv_shape is None:

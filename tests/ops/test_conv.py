@@ -861,39 +861,45 @@ def test_transposed_strides_of_too_many_phases_are_refused():
         conv_core.conv_transpose_plan(window, 1, 1)
 
 
-POINTWISE_STEPS = {  # (x shape, output channels): the paths of conv_core.PointwiseStep
-    "one pixel": ((1, 8, 1, 1), 16),
-    "one pixel to two channels": ((1, 8, 1, 1), 2),
-    "narrow: a matrix-vector product per row": ((1, 16, 3, 5), 2),
-    "numpy's matmul": ((1, 16, 6, 8), 24),
-    "the library's GEMM (1.2M multiply-adds)": ((1, 32, 12, 16), 200),
-    "the library's GEMM at its threshold": ((1, 64, 8, 8), 256),
+GEMM_STEPS = {  # (x shape, output channels, kernel, attributes): the paths of conv_core.GemmStep
+    "one pixel": ((1, 8, 1, 1), 16, (1, 1), {}),
+    "one pixel to two channels": ((1, 8, 1, 1), 2, (1, 1), {}),
+    "narrow: a matrix-vector product per row": ((1, 16, 3, 5), 2, (1, 1), {}),
+    "numpy's matmul": ((1, 16, 6, 8), 24, (1, 1), {}),
+    "the library's GEMM (1.2M multiply-adds)": ((1, 32, 12, 16), 200, (1, 1), {}),
+    "the library's GEMM at its threshold": ((1, 64, 8, 8), 256, (1, 1), {}),
+    # (more than FEW_CHANNEL_TAPS inputs a sum: with compiled kernels, fewer take their own kernel)
+    "columns gathered, 1-D, padded": ((1, 16, 9), 16, (3,), {"pads": [1, 1]}),
+    "columns gathered, 1-D, strided": ((1, 16, 9), 2, (3,), {"pads": [1, 1], "strides": [2]}),
+    "columns gathered, 2-D": ((1, 5, 5, 6), 8, (3, 3), {"pads": [1, 1, 1, 1]}),
+    "columns in one strided copy, 2-D": ((1, 8, 24, 20), 16, (3, 3), {"pads": [1, 0, 1, 2]}),
+    "columns in one strided copy, the library's GEMM": ((1, 16, 16, 16), 32, (3, 3), {"pads": [1, 1, 1, 1]}),
 }
 
 
 @pytest.mark.parametrize("activation", [None, "Relu", "HardSwish", "HardSigmoid", "Sigmoid"])
 @pytest.mark.parametrize("bias, residual", [(True, False), (False, False), (True, True)],
                          ids=["bias", "no bias", "bias and residual"])
-@pytest.mark.parametrize("case", list(POINTWISE_STEPS))
-def test_pointwise_convolutions_run_as_made_ready_at_prepare(case, activation, bias, residual, kernels,
-                                                            monkeypatch):
-    """A pointwise convolution of one image runs as its PointwiseStep made at PREPARE, never through
-    conv_core.conv (the run would fail if it did), with the bias, a fused residual and the
-    activation as onnxruntime computes Conv, Add and the activation."""
-    x_shape, c_out = POINTWISE_STEPS[case]
-    x, w = _data(x_shape), _data((c_out, x_shape[1], 1, 1), 1)
+@pytest.mark.parametrize("case", list(GEMM_STEPS))
+def test_convolutions_of_one_gemm_run_as_made_ready_at_prepare(case, activation, bias, residual, kernels,
+                                                              monkeypatch):
+    """A convolution of one image that is one GEMM (pointwise, or over columns gathered in one copy)
+    runs as its GemmStep made at PREPARE, never through conv_core.conv (the run would fail if it
+    did), with the bias, a fused residual and the activation as onnxruntime computes Conv, Add and
+    the activation."""
+    x_shape, c_out, kernel, attrs = GEMM_STEPS[case]
+    x, w = _data(x_shape), _data((c_out, x_shape[1], *kernel), 1)
     inits = [("w", w)] + ([("b", _data((c_out,), 2))] if bias else [])
-    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c"])]
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c"], **attrs)]
+    (conv_shape,) = [o.shape for o in run_onnxruntime(make_model(nodes, [("x", x)], [("c", None)], inits),
+                                                      {"x": x})]
     inputs, feeds, last = [("x", x)], {"x": x}, "c"
     if residual:
-        s = _data((1, c_out, *x_shape[2:]), 3)
+        s = _data(conv_shape, 3)
         nodes.append(helper.make_node("Add", ["c", "s"], ["sum"]))
         inputs.append(("s", s))
         feeds["s"], last = s, "sum"
-    if activation:
-        nodes.append(helper.make_node(activation, [last], ["y"]))
-    else:
-        nodes.append(helper.make_node("Identity", [last], ["y"]))
+    nodes.append(helper.make_node(activation or "Identity", [last], ["y"]))
     model = make_model(nodes, inputs, [("y", None)], inits)
     (expected,) = run_onnxruntime(model, feeds)
 
@@ -906,17 +912,18 @@ def test_pointwise_convolutions_run_as_made_ready_at_prepare(case, activation, b
     (actual,) = sess.run(None, feeds)
     assert_close(actual, expected)
     (step,) = [s for s in sess._last.steps if s.node.op_type == "Conv"]
-    assert isinstance(step.kernel.pointwise, conv_core.PointwiseStep)
+    assert isinstance(step.kernel.step, conv_core.GemmStep)
+    assert step.kernel.plan.method == ("pointwise" if kernel in ((1,), (1, 1)) else "gemm-windows")
     assert len(step.node.inputs) == 3 + residual - (not bias)  # the Add fused in as its residual
 
 
-def test_a_pointwise_step_leaves_arrays_it_was_not_made_for_to_conv():
+def test_a_gemm_step_leaves_arrays_it_was_not_made_for_to_conv():
     """Operands not laid out as planned (an input fed in Fortran order, a bias not contiguous) take
     conv_core.conv: the step does nothing and says so."""
     x, w, b = _data((1, 16, 6, 8)), _data((24, 16, 1, 1), 1), _data((48,), 2)
     kernel, (info,), spec = _kernel("Conv", Conv, {}, TensorInfo.of(x), TensorInfo(w.shape, w.dtype, w),
                                     TensorInfo(b[::2].shape, b.dtype, b[::2]))
-    step = kernel.pointwise
+    step = kernel.step
     out = np.full(info.shape, np.nan, info.dtype)
     assert not step(np.asfortranarray(x), w, b[::2].copy(), out)
     assert not step(x, w, b[::2], out)
