@@ -6,10 +6,11 @@ is the physical cores for the pool and the library's own default for BLAS. Findi
 thread-pool libraries loaded in the process is the expensive part of threadpoolctl (a walk over
 every shared library: about 0.1 ms here, 1 ms in a process with more libraries loaded), so it is
 done once per session, when it is made, and a session sizes its pool once (`RunThreads`). Each
-run then reads each library's count (a fraction of a microsecond) and only where it differs
-sets it and puts it back after the run.
+run then reads each library's count (a fraction of a microsecond, through OpenBLAS's own functions:
+`counter`) and only where it differs sets it and puts it back after the run.
 """
 
+import ctypes
 import threading
 
 from .ops import blas, parallel
@@ -46,7 +47,7 @@ class RunThreads:
     and, with a BLAS bound, a read of each library's count: about a microsecond.
     """
 
-    __slots__ = ("threads", "blas", "libraries", "counts")
+    __slots__ = ("threads", "blas", "libraries", "counts", "_counters")
 
     def __init__(self, intra_op_num_threads):
         self.threads = kernel_threads(intra_op_num_threads)
@@ -62,14 +63,15 @@ class RunThreads:
                 bounded.append((library, count))
         self.libraries = tuple(library for library, _ in bounded)
         self.counts = tuple(count for _, count in bounded)
+        self._counters = tuple((*counter(library), count) for library, count in bounded)
 
     def begin(self):
         changed = None
-        for library, wanted in zip(self.libraries, self.counts):
-            count = library.get_num_threads()
+        for get, set_, wanted in self._counters:
+            count = get()
             if count != wanted:
-                library.set_num_threads(wanted)
-                changed = (changed or ()) + ((library, count),)
+                set_(wanted)
+                changed = (changed or ()) + ((set_, count),)
         # The pool is looked up per run (a dict lookup): after a fork the parent's workers are gone
         # and the child's pool is made anew.
         return parallel.enter(parallel.pool(self.threads)), changed
@@ -77,5 +79,26 @@ class RunThreads:
     def end(self, state):
         token, changed = state
         parallel.leave(token)
-        for library, count in changed or ():
-            library.set_num_threads(count)
+        for set_, count in changed or ():
+            set_(count)
+
+
+def counter(library):
+    """(get, set) of a threadpoolctl library's thread count: OpenBLAS's own C functions where it runs
+    its own threads (the builds numpy's and nnrun's wheels bring), as threadpoolctl calls them but
+    without its Python around each call (~1-2 us a call, where a run on one thread made four: 5.4
+    against 1.4 us a run in all); threadpoolctl's methods for any other library."""
+    if library.internal_api == "openblas" and getattr(library, "threading_layer", None) == "pthreads":
+        try:
+            handle = ctypes.CDLL(library.filepath)
+        except OSError:
+            handle = None
+        for prefix in ("", "scipy_"):
+            for suffix in ("", "64_", "_64"):
+                get = getattr(handle, f"{prefix}openblas_get_num_threads{suffix}", None)
+                set_ = getattr(handle, f"{prefix}openblas_set_num_threads{suffix}", None)
+                if get is not None and set_ is not None:
+                    get.restype, get.argtypes = ctypes.c_int, []
+                    set_.restype, set_.argtypes = None, [ctypes.c_int]
+                    return get, set_
+    return library.get_num_threads, library.set_num_threads

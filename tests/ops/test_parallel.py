@@ -85,6 +85,31 @@ def test_a_sessions_threads():
         assert parallel.current() is parallel.SERIAL
 
 
+def test_a_runs_thread_counts_are_read_and_set_through_each_librarys_own_functions():
+    """OpenBLAS's own C functions (threadpoolctl's Python around each call would cost a small model's
+    run several microseconds) read and set the count threadpoolctl sees; other libraries keep
+    threadpoolctl's methods."""
+    import ctypes
+    from types import SimpleNamespace
+
+    libraries = [c for c in threads.controller(refresh=True).lib_controllers if c.user_api == "blas"]
+    assert libraries
+    for library in libraries:
+        get, set_ = threads.counter(library)
+        before = library.get_num_threads()
+        if library.internal_api == "openblas" and library.threading_layer == "pthreads":
+            assert isinstance(get, ctypes._CFuncPtr) and isinstance(set_, ctypes._CFuncPtr)
+        assert get() == before
+        try:
+            set_(3 - min(before, 2))
+            assert library.get_num_threads() == get() == 3 - min(before, 2)
+        finally:
+            library.set_num_threads(before)
+    other = SimpleNamespace(internal_api="mkl", threading_layer="intel", filepath="libmkl_rt.so",
+                            get_num_threads=lambda: 4, set_num_threads=print)
+    assert threads.counter(other) == (other.get_num_threads, other.set_num_threads)
+
+
 @pytest.fixture
 def split_everything(monkeypatch):
     """Every op splits, and the test sees that some did."""
