@@ -61,6 +61,7 @@ class ArenaState:
         self.band_area = _allocate("the band area", area, limit, lambda: np.frombuffer(
             mmap.mmap(-1, area), np.uint8)) if area else None
         self.spill_file = SpillFile() if spills or area else None
+        self.fixed_arrays = None  # per step, its outputs and scratch when they are arena views (Executor._take)
 
 
 class RunIO:
@@ -104,12 +105,30 @@ class Executor:
             self._back_at[spill.back_at].append(i)
         self.last_io = None  # RunIO of the last run under a budget
         self._bound = tuple(_bind(step) for step in plan.steps)
+        # Slots whose arrays are the arena's own views, the same in every run on one ArenaState: a
+        # kernel step whose outputs and scratch are all such gets them as tuples made once per
+        # arena (`_fixed_arrays`), not gathered from the slot table on every run.
+        varying = set(plan.fresh) | set(plan.dynamic) | {slot for slot, _, _ in plan.feeds.values()}
+        varying.update(step.outputs[0] for step in plan.steps if step.alias_of >= 0)
+        arena = {a.slot for a in plan.arena}
+        self._fixed = tuple(kind is _KERNEL and all(o < 0 or (o in arena and o not in varying) for o in outs)
+                            and all(s in arena and s not in varying for s in scratch)
+                            for kind, _, _, outs, scratch in self._bound)
 
     def _take(self):
         with self._lock:
             if self._free:
                 return self._free.pop()
-        return ArenaState(self.plan, self.max_tensor_bytes)
+        state = ArenaState(self.plan, self.max_tensor_bytes)
+        state.fixed_arrays = self._fixed_arrays(state)
+        return state
+
+    def _fixed_arrays(self, state):
+        """Per step, (outputs, scratch) as tuples of `state`'s arena views where `_fixed` says they
+        are the same in every run, else None."""
+        table = list(state.table) + [None]  # slot -1, an omitted output, is None
+        return tuple((tuple([table[o] for o in outs]), tuple([table[s] for s in scratch])) if fixed else None
+                     for fixed, (_, _, _, outs, scratch) in zip(self._fixed, self._bound))
 
     def _give(self, state):
         with self._lock:
@@ -174,7 +193,7 @@ class Executor:
             # inf and NaN are values like any other here, as in onnxruntime: no warnings.
             with np.errstate(all="ignore"):
                 if self.prefetcher is None and profile is None and trace is None and stop_after is None:
-                    self._bound_steps(env)
+                    self._bound_steps(env, state.fixed_arrays)
                 elif self.prefetcher is None:
                     self._steps(env, profile, trace, stop_after)
                 else:
@@ -236,9 +255,10 @@ class Executor:
                 state.spill_file.written_bytes = state.spill_file.read_bytes = 0
             self.last_io = io
 
-    def _bound_steps(self, env):
+    def _bound_steps(self, env, fixed_arrays):
         """The steps in order, as `_steps` runs them without a budget, profile, trace or stop: the
-        plain loop, each step's kernel and slots bound when the executor was made."""
+        plain loop, each step's kernel and slots bound when the executor was made, and its arena
+        arrays when the arena was (`fixed_arrays`)."""
         position = 0
         options = terminate.current()
         try:
@@ -246,8 +266,12 @@ class Executor:
                 if options is not None and options.terminate:
                     raise ExecutionError(terminate.MESSAGE)
                 if kind is _KERNEL:
-                    arrays = tuple([env[o] for o in outs])
-                    result = run(*[env[i] for i in ins], outs=arrays, scratch=tuple([env[s] for s in scratch]))
+                    fixed = fixed_arrays[position]
+                    if fixed is None:
+                        arrays, spare = tuple([env[o] for o in outs]), tuple([env[s] for s in scratch])
+                    else:
+                        arrays, spare = fixed
+                    result = run(*[env[i] for i in ins], outs=arrays, scratch=spare)
                     if result is not None:
                         _store(result, arrays)
                 elif kind is _ALIAS:

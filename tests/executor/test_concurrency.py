@@ -76,3 +76,32 @@ def test_a_prepared_kernel_refuses_changes():
     (step,) = sess.plan().steps
     with pytest.raises(AttributeError, match="a run may not set 'run_bias'"):
         step.kernel.run_bias = None
+
+
+def test_each_arena_hands_its_steps_its_own_views():
+    """A step whose outputs and scratch are arena views gets them as tuples made once per arena
+    (Executor._fixed_arrays): runs on different arenas at once each write their own, and every
+    result is onnxruntime's."""
+    rng = np.random.default_rng(2)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((8, 8, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["c2"]),
+             helper.make_node("Add", ["c2", "r"], ["y"])]
+    model = make_model(nodes, [("x", np.zeros((1, 3, 12, 10), np.float32))], [("y", None)],
+                       [("w1", w1), ("w2", w2)])
+    sess = nnrun.InferenceSession(model.SerializeToString())
+    feeds_list = [{"x": rng.standard_normal((1, 3, 12, 10)).astype(np.float32)} for _ in range(6)]
+    alone = hammer(sess, feeds_list)
+    for feeds, outputs in zip(feeds_list, alone):
+        assert_close(outputs[0], run_onnxruntime(model, feeds)[0])
+    (executor,) = sess._by_signature.values()
+    states = list(executor._free)
+    assert len(states) > 1 and any(executor._fixed)  # runs took arenas of their own, concurrently
+    for state in states:
+        for fixed in state.fixed_arrays:
+            for array in (fixed[0] + fixed[1]) if fixed is not None else ():
+                if array is not None:
+                    assert [np.shares_memory(array, other.arena) for other in states] == \
+                        [other is state for other in states]
