@@ -1950,6 +1950,7 @@ class PoolPlan:
     compiled: object = None  # channels first, 1-D or 2-D, with numba: a CompiledDepthwise whose kernel
                              # is max_pool (max) or depthwise (average, weights of one)
     ones: np.ndarray | None = field(default=None, compare=False)  # compiled average: (taps, channels) ones
+    separable: bool = False  # channels first, stride 1, the output the input's size: one axis at a time
 
     def scratch(self):
         return [((self.scratch_elems,), self.dtype)] if self.scratch_elems else []
@@ -1977,6 +1978,11 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         # One window over the whole plane (a global pool written as a windowed one): a
         # reduction, not a walk over every tap.
         return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, whole=True)
+    block = _block_size(batch * channels, math.prod(window.in_spatial), dtype, 2 * CACHE_TILE)
+    if layout == CHANNELS_FIRST and _separable(window, block):
+        # Planes of whole images, a block of them in scratch for the first axis's result.
+        scratch = block * math.prod(window.in_spatial) if len(window.in_spatial) == 2 else 0
+        return PoolPlan(window, layout, kind, (), None, block, divisor, scratch, dtype, separable=True)
     compiled = _compiled_pool(window, kind, dtype) if layout == CHANNELS_FIRST else None
     if compiled is not None:
         ones = np.ones((window.taps, channels), dtype) if kind == "average" else None
@@ -2062,6 +2068,77 @@ def _inside(window):
                    window.in_spatial))
 
 
+def _separable(window, block):
+    """Whether a pooling window runs one axis at a time over flat planes (`_pool_separable`) on
+    `block` planes at a time: 1-D or 2-D, stride and dilation 1, padded to keep the input's size
+    ("same", as GoogLeNet's 3x3 branch pools and SPP's 5x5 to 13x13), the kernel no longer than the
+    image along either axis, and cheaper so by the estimate of `_pool_passes`."""
+    if not (len(window.in_spatial) in (1, 2) and all(s == 1 for s in window.strides)
+            and all(d == 1 for d in window.dilations) and tuple(window.out_spatial) == tuple(window.in_spatial)
+            and all(1 < k <= n for k, n in zip(window.kernel, window.in_spatial))
+            and all(b + e == k - 1 for b, e, k in zip(window.pads_begin, window.pads_end, window.kernel))):
+        return False
+    elements = block * math.prod(window.in_spatial)
+    taps = (window.taps + 2) * _pool_passes(elements)  # the phase planes' taps, their fill and the copy out
+    # (a fix-up at an axis's end: a strided call, and the Python that picks its taps)
+    axes = sum((k - 1) * _pool_passes(elements) + (k - 1) ** 2 * (_pool_passes(elements // n) + _CALL_ELEMENTS)
+               for k, n in zip(window.kernel, window.in_spatial))
+    return axes < taps
+
+
+# What a numpy call costs beyond its elements, in elements of a pass (~1 us): the separable pooling's
+# fix-ups at the axes' ends are many small calls, and where the kernel is as long as a small image
+# (9x9 over 32 planes of 9x9: 203 against 152 us) they cost more than the taps they save.
+_CALL_ELEMENTS = 2000
+
+
+def _pool_passes(elements):
+    return elements + _CALL_ELEMENTS
+
+
+def _reduce_along(src, dst, length, step, k, before, reduce):
+    """dst = the pooling of flat `src` along one axis of `length` positions `step` elements apart
+    (the axis of an array (outer, length, step)): each position reduces the k positions from
+    `before` ahead of it that lie in the axis. The positions whose window lies inside are k - 1
+    passes over the flat arrays, each tap a shift by a multiple of `step`; the `k - 1` positions at
+    the axis's ends, whose shifts read the neighbouring row or plane, are made again from the taps
+    that lie inside (a strided pass each)."""
+    n = src.size
+    shifts = [(t - before) * step for t in range(k)]
+    lo, hi = before * step, n - (k - 1 - before) * step
+    if hi > lo:
+        inner = dst[lo:hi]
+        reduce(src[lo + shifts[0]:hi + shifts[0]], src[lo + shifts[1]:hi + shifts[1]], out=inner)
+        for d in shifts[2:]:
+            reduce(inner, src[lo + d:hi + d], out=inner)
+    src3, dst3 = src.reshape(-1, length, step), dst.reshape(-1, length, step)
+    for j in [*range(before), *range(length - (k - 1 - before), length)]:
+        taps = [j + t - before for t in range(k) if 0 <= j + t - before < length]
+        reduce(src3[:, taps[0]], src3[:, taps[1]], out=dst3[:, j]) if len(taps) > 1 else \
+            np.copyto(dst3[:, j], src3[:, taps[0]])
+        for i in taps[2:]:
+            reduce(dst3[:, j], src3[:, i], out=dst3[:, j])
+
+
+def _pool_separable(x, out, plan, scratch, reduce):
+    """A "same" pooling (`_separable`) one axis at a time over whole planes, a block of them at a
+    time: along the rows into scratch, then along the columns into the output, each a few flat
+    passes. Against the phase planes' nine passes and their fill, 1 thread, max 3x3: 512 planes of
+    14x14 243 -> 82 us, 192 of 28x28 266 -> 88 us, 832 of 7x7 147 -> 69 us."""
+    window = plan.window
+    size = math.prod(window.in_spatial)
+    planes, result = x.reshape(-1, size), out.reshape(-1, size)
+    width = window.in_spatial[-1]
+    for b0 in range(0, planes.shape[0], plan.block):
+        src, dst = planes[b0:b0 + plan.block].reshape(-1), result[b0:b0 + plan.block].reshape(-1)
+        if len(window.in_spatial) == 1:
+            _reduce_along(src, dst, width, 1, window.kernel[0], window.pads_begin[0], reduce)
+            continue
+        rows = scratch[:src.size]
+        _reduce_along(src, rows, width, 1, window.kernel[1], window.pads_begin[1], reduce)
+        _reduce_along(rows, dst, window.in_spatial[0], width, window.kernel[0], window.pads_begin[0], reduce)
+
+
 def _pool_counts(window, count_include_pad):
     """How many taps of each output's window are counted: a product of one count per axis.
 
@@ -2099,6 +2176,13 @@ def pool(x, out, plan, scratch=None):
             whole(planes, axis=1, out=out.reshape(planes.shape[0]))
         else:
             whole(x.reshape(x.shape[0], -1, x.shape[-1]), axis=1, out=out.reshape(x.shape[0], x.shape[-1]))
+        return out
+    if plan.separable:
+        if scratch is None:
+            scratch = np.empty(plan.scratch_elems, plan.dtype)
+        _pool_separable(x, out, plan, scratch, reduce)
+        if plan.kind == "average":
+            np.divide(out, plan.divisor, out=out)
         return out
     if plan.compiled is not None:
         return _pool_compiled(x, out, plan, scratch)

@@ -8,7 +8,7 @@ from oracle import FLOAT16_RTOL, check_model, check_node, helper, make_model, rn
 import nnrun
 from nnrun import ir
 from nnrun.ops import conv_core, jit
-from nnrun.ops.pool import MaxPool
+from nnrun.ops.pool import AveragePool, MaxPool
 from nnrun.ops.registry import TensorInfo
 
 
@@ -73,6 +73,47 @@ def test_pool_dilations(op_type, extra, opset, attrs, kernels):
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
 def test_pool_1d_3d(op_type, x_shape, attrs, kernels):
     check_node(op_type, [("x", _data(x_shape))], attrs)
+
+
+SAME_WINDOWS = [  # (x shape, attributes): stride 1, padded to keep the size; one axis at a time
+    ((2, 64, 11, 10), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ((1, 128, 9, 12), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
+    ((1, 128, 8, 9), {"kernel_shape": [4, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 128, 8, 9), {"kernel_shape": [4, 3], "auto_pad": "SAME_LOWER"}),
+    ((1, 128, 9, 7), {"kernel_shape": [3, 5], "pads": [0, 3, 2, 1]}),
+    ((1, 64, 13, 13), {"kernel_shape": [13, 13], "pads": [6, 6, 6, 6]}),  # SPP's widest over its image
+    ((2, 64, 40), {"kernel_shape": [3], "pads": [1, 1]}),
+    ((2, 512, 30), {"kernel_shape": [4], "pads": [3, 0]}),
+]
+
+
+@pytest.mark.parametrize("x_shape, attrs", SAME_WINDOWS)
+@pytest.mark.parametrize("op_type, extra", [("MaxPool", {}), ("AveragePool", {}),
+                                            ("AveragePool", {"count_include_pad": 1})])
+def test_pools_that_keep_the_size_run_one_axis_at_a_time(op_type, extra, x_shape, attrs, kernels):
+    """Stride 1 and padded to the input's size: the rows' windows reduced into scratch, then the
+    columns', each a few flat passes, the positions at each axis's ends made from the taps inside."""
+    kernel = MaxPool if op_type == "MaxPool" else AveragePool
+    k = kernel(ir.Node("p", op_type, "", ["x"], ["y"], {**attrs, **extra}), 19)
+    x = TensorInfo(x_shape, np.dtype(np.float32))
+    k.ready(k.shape_rule(x).derived, x)
+    assert k.plan.separable
+    check_node(op_type, [("x", _data(x_shape))], {**attrs, **extra}, opset=19)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.float64, np.float16])
+def test_max_pools_that_keep_the_size_in_other_types(dtype):
+    check_node("MaxPool", [("x", _data((1, 3, 9, 8), dtype))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+               opset=12)
+
+
+def test_a_kernel_as_long_as_a_small_image_keeps_the_phase_planes():
+    """Where the separable pooling's fix-ups at the axes' ends would cost more than the taps they
+    save (9x9 over 32 planes of 9x9), the phase planes serve, and give the same."""
+    window = conv_core.make_window((9, 9), (9, 9), pads=(4, 4, 4, 4))
+    assert not conv_core.pool_plan(window, "max", 32).separable
+    assert conv_core.pool_plan(conv_core.make_window((14, 14), (3, 3), pads=(1, 1, 1, 1)), "max", 512).separable
+    check_node("MaxPool", [("x", _data((1, 32, 9, 9)))], {"kernel_shape": [9, 9], "pads": [4, 4, 4, 4]})
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float64, np.float16])
