@@ -87,7 +87,7 @@ def counter(library):
     """(get, set) of a threadpoolctl library's thread count: OpenBLAS's own C functions where it runs
     its own threads (the builds numpy's and nnrun's wheels bring), as threadpoolctl calls them but
     without its Python around each call (~1-2 us a call, where a run on one thread made four: 5.4
-    against 1.4 us a run in all); threadpoolctl's methods for any other library."""
+    against 1.7 us a run in all); threadpoolctl's methods for any other library."""
     if library.internal_api == "openblas" and getattr(library, "threading_layer", None) == "pthreads":
         try:
             handle = ctypes.CDLL(library.filepath)

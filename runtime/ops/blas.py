@@ -100,8 +100,8 @@ class Gemm:
 
     def rows_product(self, m, n, k, a, b, c):
         """c (m, n) = a (m, k) @ b (k, n), all three C-contiguous of this dtype, m and n above 1,
-        each dimension within `limit`: unchecked, the caller has made sure (conv_core.PointwiseStep
-        at PREPARE and on each call), so a product costs the library's call and nothing else."""
+        each dimension within `limit`: unchecked, the caller has made sure (conv_core.GemmStep at
+        PREPARE and on each call), so a product costs the library's call and nothing else."""
         self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, _address(a), k, _address(b), n, 0.0,
                        _address(c), n)
 

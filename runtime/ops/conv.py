@@ -87,7 +87,7 @@ class Conv(_ConvBase):
 
     w_taps = None     # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
     w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
-    step = None  # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
+    step = None       # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
 
     def prepare(self, x, w, b=None, s=None):

@@ -1978,8 +1978,11 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         # One window over the whole plane (a global pool written as a windowed one): a
         # reduction, not a walk over every tap.
         return PoolPlan(window, layout, kind, (), None, 0, divisor, 0, dtype, whole=True)
-    block = _block_size(batch * channels, math.prod(window.in_spatial), dtype, 2 * CACHE_TILE)
-    if layout == CHANNELS_FIRST and _separable(window, block):
+    # (whole planes a block, within the scratch limit: a larger plane keeps the phase planes, in tiles)
+    plane_limit = min(2 * CACHE_TILE, scratch_limit)
+    block = _block_size(batch * channels, math.prod(window.in_spatial), dtype, plane_limit)
+    if (layout == CHANNELS_FIRST and math.prod(window.in_spatial) * dtype.itemsize <= plane_limit
+            and _separable(window, block)):
         # Planes of whole images, a block of them in scratch for the first axis's result.
         scratch = block * math.prod(window.in_spatial) if len(window.in_spatial) == 2 else 0
         return PoolPlan(window, layout, kind, (), None, block, divisor, scratch, dtype, separable=True)
@@ -2124,7 +2127,7 @@ def _pool_separable(x, out, plan, scratch, reduce):
     """A "same" pooling (`_separable`) one axis at a time over whole planes, a block of them at a
     time: along the rows into scratch, then along the columns into the output, each a few flat
     passes. Against the phase planes' nine passes and their fill, 1 thread, max 3x3: 512 planes of
-    14x14 243 -> 82 us, 192 of 28x28 266 -> 88 us, 832 of 7x7 147 -> 69 us."""
+    14x14 243 -> 94 us, 192 of 28x28 266 -> 113 us, 832 of 7x7 147 -> 69 us."""
     window = plan.window
     size = math.prod(window.in_spatial)
     planes, result = x.reshape(-1, size), out.reshape(-1, size)

@@ -116,6 +116,19 @@ def test_a_kernel_as_long_as_a_small_image_keeps_the_phase_planes():
     check_node("MaxPool", [("x", _data((1, 32, 9, 9)))], {"kernel_shape": [9, 9], "pads": [4, 4, 4, 4]})
 
 
+def test_a_pool_one_axis_at_a_time_keeps_its_scratch_within_the_limit():
+    """Its scratch (the rows' results of a block of whole planes) stays within the scratch limit a
+    memory budget sets; a plane larger than the limit keeps the phase planes, which tile."""
+    window = conv_core.make_window((64, 64), (3, 3), pads=(1, 1, 1, 1))
+    plan = conv_core.pool_plan(window, "max", 256)
+    assert plan.separable and plan.scratch_elems * 4 <= 2 * conv_core.CACHE_TILE
+    with conv_core.scratch_limit(8 * 1024):  # half a plane
+        assert not conv_core.pool_plan(window, "max", 256).separable
+    with conv_core.scratch_limit(64 * 1024):  # four planes
+        plan = conv_core.pool_plan(window, "max", 256)
+        assert plan.separable and plan.scratch_elems * 4 <= 64 * 1024
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float64, np.float16])
 def test_max_pool_dtypes(dtype, kernels):
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
