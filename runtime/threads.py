@@ -92,7 +92,7 @@ def counter(library):
         try:
             handle = ctypes.CDLL(library.filepath)
         except OSError:
-            handle = None
+            return library.get_num_threads, library.set_num_threads
         for prefix in ("", "scipy_"):
             for suffix in ("", "64_", "_64"):
                 get = getattr(handle, f"{prefix}openblas_get_num_threads{suffix}", None)

@@ -1029,13 +1029,12 @@ class GemmStep:
             np.matmul(w.reshape(m, k), x.reshape(k, n), out=out_mat)
         if bias is None and self.activation is None and residual is None:
             return True
-        worth_a_call = (out.size >= EPILOGUE_MIN or residual is not None
-                        or (self.activation is not None and self.activation[0] in _PASSES_MANY))
-        if self.epilogue is not None and worth_a_call and parallel.parts(out.size, EPILOGUE_SHARE) == 1:
+        compiled = self.epilogue is not None and _epilogue_pays(out.size, self.activation, residual)
+        if compiled and parallel.parts(out.size, EPILOGUE_SHARE) == 1:
             has_bias, has_residual = bias is not None, residual is not None
             self.epilogue(out_mat, bias if has_bias else out_mat[0], has_bias, True, *self.mode, 0, m,
                           residual.reshape(m, n) if has_residual else out_mat, has_residual)
-        elif out.size < parallel.SPLIT_FROM and (self.epilogue is None or not worth_a_call):
+        elif out.size < parallel.SPLIT_FROM and not compiled:
             _add_activate(out_mat, bias.reshape(m, 1) if bias is not None else None, self.activation,
                           residual.reshape(m, n) if residual is not None else None)
         else:
@@ -1052,10 +1051,8 @@ def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None,
         return
     if residual is not None and residual.shape != out.shape:
         residual = np.broadcast_to(residual, out.shape)  # a view: cut and reshaped as out is
-    worth_a_call = (out.size >= EPILOGUE_MIN or residual is not None
-                    or (activation is not None and activation[0] in _PASSES_MANY))
-    if epilogue is not None and worth_a_call and _compiled_epilogue(epilogue, out, bias, activation, layout, batched,
-                                                                    residual):
+    if (epilogue is not None and _epilogue_pays(out.size, activation, residual)
+            and _compiled_epilogue(epilogue, out, bias, activation, layout, batched, residual)):
         return
     axis = -1  # channels last and not contiguous: no shares
     if layout == CHANNELS_FIRST:
@@ -1086,6 +1083,11 @@ EPILOGUE_SHARE = 1 << 19
 # 256 elements 8.9 against 4.4 us; silero VAD's six small convolutions lost 26 us a run).
 EPILOGUE_MIN = 1 << 13
 _PASSES_MANY = frozenset(("HardSwish", "HardSigmoid", "LeakyRelu"))
+
+
+def _epilogue_pays(size, activation, residual):
+    """Whether the compiled bias and activation is worth its call on an output of `size` elements."""
+    return size >= EPILOGUE_MIN or residual is not None or (activation is not None and activation[0] in _PASSES_MANY)
 
 
 def _compiled_epilogue(kernel, out, bias, activation, layout, batched, residual=None):
