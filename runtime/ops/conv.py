@@ -85,7 +85,7 @@ class Conv(_ConvBase):
 
     conv_shape = None  # with a residual the output broadcasts up to: the convolution's own shape
 
-    w_taps = None     # a depthwise conv's constant weight, tap-major (conv_core.depthwise_taps)
+    w_taps = None     # a depthwise conv's constant weight as its plan reads it (conv_core.depthwise_taps)
     w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
     step = None       # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
@@ -104,6 +104,8 @@ class Conv(_ConvBase):
         def weight():
             return w.value[(slice(None), slice(None)) + kept] if live is not None else w.value
         if self.plan.method == "depthwise" and w.value is not None:
+            if isinstance(self.plan.tiles, conv_core.RowMatrices):  # not tap-major: a form of its own
+                form += "rows"
             self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(weight(), self.plan), form)
         elif self.plan.method == "gemm-shifted" and w.value is not None:
             self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
@@ -140,6 +142,8 @@ class Conv(_ConvBase):
     def band_granule(self):
         if self.residual:  # a band's residual rows are not cut out for it: the step runs whole
             return 0
+        if isinstance(self.plan.tiles, conv_core.RowMatrices):  # a few rows, their matrices whole
+            return 0
         return 1 if bands.windowed(self.window) else 0
 
     def band(self, r0, r1, scratch_limit, plans=None):
@@ -148,7 +152,7 @@ class Conv(_ConvBase):
         shifted = self.w_shifted is not None
         plan = bands.cached(plans, (window, scratch_limit, shifted), lambda: conv_core.conv_plan(
             window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype, scratch_limit=scratch_limit,
-            shifted=shifted))
+            shifted=shifted, row_matrices=False))
 
         def run(args, out, scratch):
             self._conv(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch)

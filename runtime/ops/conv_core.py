@@ -380,25 +380,26 @@ class ConvPlan:
 
 
 def conv_plan(window, c_in, c_out, group=1, dtype=np.float32, layout=CHANNELS_FIRST, scratch_limit=None,
-              shifted=False):
+              shifted=False, row_matrices=True):
     """Choose the path of a convolution and tile it; raises ValueError on inconsistent channels.
     `shifted`: "gemm-shifted" wherever it can run, however small (a band of a convolution whose
-    weight was packed for it: `shifted_taps`)."""
-    plan = _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted)
+    weight was packed for it: `shifted_taps`); `row_matrices`: False where the weight is tap-major
+    whatever the plan (a band of a depthwise convolution: RowMatrices read their own)."""
+    plan = _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted, row_matrices)
     # A compiled depthwise convolution writes its own bias and activation; the epilogue adds a
     # residual after it (add_residual).
     epilogue = jit.epilogue_kernel(dtype)
     return plan if epilogue is None else replace(plan, epilogue=epilogue)
 
 
-def _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted=False):
+def _conv_plan(window, c_in, c_out, group, dtype, layout, scratch_limit, shifted=False, row_matrices=True):
     scratch_limit = _SCRATCH_LIMIT.get() if scratch_limit is None else scratch_limit
     _check_layout(layout)
     dtype = np.dtype(dtype)
     if group < 1 or c_in % group or c_out % group:
         raise ValueError(f"group {group} does not divide {c_in} input and {c_out} output channels")
     if group == c_in > 1:
-        return _depthwise_plan(window, c_in, c_out, dtype, layout, scratch_limit)
+        return _depthwise_plan(window, c_in, c_out, dtype, layout, scratch_limit, row_matrices)
     plain = (all(k == 1 for k in window.kernel) and all(s == 1 for s in window.strides)
              and not any(window.pads_begin) and not any(window.pads_end))
     if group == 1 and plain:
@@ -794,7 +795,8 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None, resi
     if blocks is not None:
         return conv_in_blocks(x, blocks, bias, out, plan, scratch, activation, residual)
     if plan.method == "depthwise":
-        return depthwise_conv(x, _taps_view(w, plan), bias, out, plan, scratch, activation)
+        weight = row_matrices(w, plan) if isinstance(plan.tiles, RowMatrices) else _taps_view(w, plan)
+        return depthwise_conv(x, weight, bias, out, plan, scratch, activation)
     if plan.method == "pointwise":
         _pointwise(x, w, out, plan)
         _bias_activation(out, bias, activation, plan.layout, epilogue=plan.epilogue, residual=residual)
@@ -1329,6 +1331,103 @@ def _compiled_nhwc(window, channels, dtype, scratch_limit):
     return CompiledNHWC(*kernels, padded, elems)
 
 
+
+@dataclass(frozen=True)
+class RowMatrices:
+    """Channels first, an image of few rows: each channel's whole output is one small product,
+    out_c (M * OH, OW) = A_c (M * OH, H * Kw) @ R_c (H * Kw, OW). R_c holds the image's rows, each
+    shifted by the Kw taps along it (one strided copy from the rows padded left and right); A_c
+    holds each output row's kernel rows placed at the input rows they read, zero elsewhere, made
+    at PREPARE (`row_matrices`). One batched numpy matmul over the channels of a block: no phase
+    planes, no pass per tap, and no products with padding rows, which a 5x5 window over two or three
+    rows mostly reads (PP-OCR's classifier and recognizer, whose images are 2-12 rows high)."""
+    window: Window    # 2-D (a 1-D window as one row)
+    padded_w: int     # the rows' length with their padding
+    block: int        # channels a block: the padded rows and R of each in scratch
+
+    @property
+    def columns(self):
+        """H * Kw: the rows of R, the columns of A."""
+        return self.window.in_spatial[0] * self.window.kernel[1]
+
+
+# Row matrices serve a depthwise convolution (float32 or float64) whose image is at most this many
+# times its kernel's height (A's zeros: products the matmul makes and the window does not), whose
+# output has at least ROW_MATRICES_MIN_PIXELS a channel (a matmul's call costs ~0.1 us a channel,
+# too much for 7x7 outputs), and whose matrices stay within ROW_MATRICES_WEIGHT times the weight
+# (or 64 KB): packed weights are memory too. Measured, one thread, numpy, against the paths before
+# (phase planes, or channels last for small images): 200 channels of 2x96 5x5 168 -> 53 us, 88 of
+# 3x96 5x5 156 -> 37, 32 of 12x96 3x3 93 -> 48, 64 of 8x80 3x3 108 -> 50; 576 of 14x14 3x3 stride 2
+# 218 -> 299 and 960 of 7x7 3x3 196 -> 217 (short rows: the calls cost), 144 of 56x56 3x3 1,121 ->
+# 2,576 (A mostly zeros) keep theirs.
+ROW_MATRICES_WASTE = 4
+ROW_MATRICES_MIN_PIXELS = 96
+ROW_MATRICES_WEIGHT = 8
+ROW_MATRICES_SMALL = 256 * 1024
+
+
+def _row_matrices_plan(window, c, multiplier, dtype, scratch_limit):
+    """The RowMatrices of a channels-first depthwise window, or None where they do not pay."""
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or len(window.in_spatial) not in (1, 2):
+        return None
+    window = _as_2d(window)
+    (h, w), (oh, ow), (kh, kw) = window.in_spatial, window.out_spatial, window.kernel
+    if h > ROW_MATRICES_WASTE * kh or oh * ow < ROW_MATRICES_MIN_PIXELS:
+        return None
+    matrices = c * multiplier * oh * h * kw * dtype.itemsize
+    if matrices > max(ROW_MATRICES_WEIGHT * c * multiplier * kh * kw * dtype.itemsize, ROW_MATRICES_SMALL):
+        return None
+    padded_w = window.pads_begin[1] + w + window.pads_end[1]
+    per_channel = h * padded_w + h * kw * ow
+    limit = min(scratch_limit, DEPTHWISE_BLOCK)
+    if per_channel * dtype.itemsize > limit:
+        return None
+    return RowMatrices(window, padded_w, _block_size(c, per_channel, dtype, limit))
+
+
+def row_matrices(w, plan):
+    """A depthwise weight (C * M, 1, *kernel) as the matrices of `plan` (RowMatrices): (C, M * OH,
+    H * Kw), A[c, m * OH + i, r * Kw + j] = w[c * M + m, 0, k, j] where output row i reads input row
+    r = i * stride - pad + k * dilation with kernel row k, else zero."""
+    window = plan.tiles.window
+    (h, _), (oh, _), (kh, kw) = window.in_spatial, window.out_spatial, window.kernel
+    multiplier = plan.c_out // plan.c_in
+    taps = np.asarray(w).reshape(plan.c_in, multiplier, kh, kw)
+    a = np.zeros((plan.c_in, multiplier, oh, h, kw), taps.dtype)
+    for i in range(oh):
+        for k in range(kh):
+            r = i * window.strides[0] - window.pads_begin[0] + k * window.dilations[0]
+            if 0 <= r < h:
+                a[:, :, i, r] = taps[:, :, k]
+    return a.reshape(plan.c_in, multiplier * oh, h * kw)
+
+
+def _depthwise_row_matrices(x, a, bias, out, plan, scratch, activation):
+    """The products of RowMatrices, a block of channels at a time, then the bias and activation."""
+    how = plan.tiles
+    window = how.window
+    (h, w), ow, kw = window.in_spatial, window.out_spatial[1], window.kernel[1]
+    left, c = window.pads_begin[1], plan.c_in
+    rows_out = a.shape[1]  # M * OH
+    item = scratch.itemsize
+    for n in range(out.shape[0]):
+        image = x[n].reshape(c, h, w)
+        result = out[n].reshape(c, rows_out, ow)
+        for c0 in range(0, c, how.block):
+            c1 = min(c, c0 + how.block)
+            b = c1 - c0
+            padded = scratch[:b * h * how.padded_w].reshape(b, h, how.padded_w)
+            padded[:, :, :left] = 0  # the border; scratch is shared with other steps
+            padded[:, :, left + w:] = 0
+            np.copyto(padded[:, :, left:left + w], image[c0:c1])
+            shifted = scratch[padded.size:padded.size + b * how.columns * ow].reshape(b, h, kw, ow)
+            np.copyto(shifted, np.ndarray(shifted.shape, padded.dtype, padded, 0,
+                                          (padded.strides[0], padded.strides[1],
+                                           window.dilations[1] * item, window.strides[1] * item)))
+            np.matmul(a[c0:c1], shifted.reshape(b, how.columns, ow), out=result[c0:c1])
+    _bias_activation(out, bias, activation, CHANNELS_FIRST, epilogue=plan.epilogue)
+    return out
+
 # The compiled kernel sums a channel's flat plane; below this many sums per channel, with more
 # channels than that, numpy's channels-last path (one pass per tap over all channels) is as fast.
 COMPILED_MIN_ROW = 128
@@ -1399,7 +1498,7 @@ def _compiled_planes(window, grid, kernel):
                              (rows - 1) * grid.q_shape[1] + width)
 
 
-def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
+def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit, row_matrices=True):
     multiplier = c_out // c
     rest = math.prod(window.out_spatial[1:])
     if layout == CHANNELS_FIRST:
@@ -1410,6 +1509,13 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit):
         if compiled is not None:
             return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled,
                             compiled.planes_elems + compiled.acc_elems, dtype)
+        # (the compiled kernels, where on, are faster still: 200 channels of 2x96 5x5 with HardSwish
+        # 71 against 91 us, 192 of 6x80 3x3 79 against 156)
+        rows = _row_matrices_plan(window, c, multiplier, dtype, scratch_limit) if row_matrices else None
+        if rows is not None:
+            return ConvPlan(window, layout, c, c_out, c, "depthwise", rows,
+                            rows.block * (rows.window.in_spatial[0] * rows.padded_w + rows.columns
+                                          * rows.window.out_spatial[1]), dtype)
         # Half types sum their taps in float32, rounded once into the output, as a GEMM
         # (numpy's or onnxruntime's) sums: a half accumulator loses a bit at every tap.
         dtype = np.dtype(np.float32) if dtype.itemsize < 4 else dtype
@@ -1479,8 +1585,11 @@ def _taps_view(w, plan):
 
 
 def depthwise_taps(w, plan):
-    """The weight `depthwise_conv` reads best: (*kernel, C, M) contiguous, so each tap's weights are
-    one row (the channels-last paths multiply whole rows by them)."""
+    """The weight `depthwise_conv` reads best: the plan's matrices (RowMatrices), else (*kernel, C,
+    M) contiguous, so each tap's weights are one row (the channels-last paths multiply whole rows by
+    them)."""
+    if isinstance(plan.tiles, RowMatrices):
+        return row_matrices(w, plan)
     return np.ascontiguousarray(_taps_view(w, plan))
 
 
@@ -1499,6 +1608,8 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None, re
         return add_residual(out, residual, activation, plan)
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
+    if isinstance(plan.tiles, RowMatrices):
+        return _depthwise_row_matrices(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, CompiledDepthwise):
         return _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation)
     if isinstance(plan.tiles, CompiledChannelsLast):

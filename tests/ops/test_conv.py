@@ -291,6 +291,79 @@ def test_depthwise_small_images_channels_last(x_shape, w_shape, attrs, activatio
         assert isinstance(sess.plan().steps[0].kernel.plan.tiles, conv_core.CompiledChannelsLast)
 
 
+ROW_MATRICES_CASES = [
+    ((1, 200, 2, 96), (200, 1, 5, 5), {"group": 200, "pads": [2, 2, 2, 2]}),   # PP-OCR's classifier
+    ((1, 32, 6, 96), (32, 1, 5, 5), {"group": 32, "pads": [2, 2, 2, 2], "strides": [2, 1]}),
+    ((2, 24, 12, 40), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),     # two images, 12 rows
+    ((1, 12, 6, 81), (36, 1, 3, 5), {"group": 12, "pads": [0, 3, 1, 1], "strides": [1, 2],
+                                     "dilations": [2, 1]}),                     # multiplier 3, uneven pads
+    ((1, 16, 4, 50), (16, 1, 3, 3), {"group": 16, "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 8, 3, 120), (8, 1, 3, 3), {"group": 8}),                               # no padding
+    ((1, 10, 200), (10, 1, 5), {"group": 10, "pads": [2, 2], "strides": [2]}),  # 1-D: one row
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", ROW_MATRICES_CASES)
+@pytest.mark.parametrize("activation", [None, "Relu", "HardSwish"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_depthwise_of_few_rows_as_row_matrices(x_shape, w_shape, attrs, activation, bias):
+    """Images of a few rows (numpy's kernels): each channel's output one product of its matrix of
+    kernel rows by its shifted rows."""
+    x, w = _data(x_shape), _data(w_shape, 1)
+    inits = [("w", w)] + ([("b", _data((w_shape[0],), 2))] if bias else [])
+    nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c" if activation else "y"], **attrs)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["c"], ["y"]))
+    model = make_model(nodes, [("x", x)], [("y", None)], inits)
+    with jit.chosen(False):
+        check_model(model, {"x": x})
+        kernel = nnrun.InferenceSession(model.SerializeToString()).plan().steps[0].kernel
+        assert isinstance(kernel.plan.tiles, conv_core.RowMatrices)
+        assert kernel.band_granule() == 0  # under a memory budget it runs whole, its matrices read whole
+
+
+def test_row_matrices_fed_weight_float64_and_within_scratch():
+    """A weight fed at run time (its matrices made on each run), float64, and channels in blocks
+    when the scratch limit holds only a few."""
+    x_shape, w_shape, attrs = ROW_MATRICES_CASES[1]
+    with jit.chosen(False):
+        _conv_case(x_shape, w_shape, attrs, fed=True)
+        x = _data((1, 6, 3, 100)).astype(np.float64)
+        w = _data((6, 1, 3, 3), 1).astype(np.float64)
+        check_node("Conv", [("x", x)], {"group": 6, "pads": [1, 1, 1, 1]}, initializers=[("w", w)],
+                   oracle="reference")
+        window = conv_core.make_window((2, 96), (5, 5), pads=[2] * 4)
+        plan = conv_core.conv_plan(window, 200, 200, 200, scratch_limit=20_000)
+        assert isinstance(plan.tiles, conv_core.RowMatrices) and plan.tiles.block < 200
+        assert plan.scratch_elems * 4 <= 20_000
+        with conv_core.scratch_limit(20_000):
+            _conv_case((1, 200, 2, 96), (200, 1, 5, 5), {"group": 200, "pads": [2, 2, 2, 2]})
+
+
+def _row_tiles(in_spatial, kernel, c=32, **kw):
+    window = conv_core.make_window(in_spatial, kernel, pads=[k // 2 for k in kernel] * 2)
+    return conv_core.conv_plan(window, c, c, c, **kw).tiles
+
+
+def test_where_row_matrices_serve():
+    tiles = _row_tiles
+    with jit.chosen(False):
+        assert isinstance(tiles((3, 96), (5, 5)), conv_core.RowMatrices)
+        assert isinstance(tiles((12, 80), (3, 3)), conv_core.RowMatrices)  # 4 rows of the image a kernel row
+        assert not isinstance(tiles((14, 80), (3, 3)), conv_core.RowMatrices)  # more: the matrices mostly zeros
+        assert not isinstance(tiles((7, 7), (5, 5), c=512), conv_core.RowMatrices)  # 49 outputs: calls cost
+        assert not isinstance(tiles((2, 96), (5, 5), dtype=np.float16), conv_core.RowMatrices)
+        assert not isinstance(tiles((3, 96), (5, 5), row_matrices=False), conv_core.RowMatrices)  # a band's
+        # matrices beyond 8 times the weight and 256 KB: packed weights are memory too
+        assert not isinstance(tiles((12, 600), (3, 3), c=512), conv_core.RowMatrices)
+
+
+@needs_numba
+def test_compiled_depthwise_kernels_come_before_row_matrices():
+    with jit.chosen(True):
+        assert isinstance(_row_tiles((3, 96), (5, 5)), conv_core.CompiledDepthwise)  # faster still
+
+
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((1, 6, 15), (6, 1, 5), {"group": 6, "pads": [2, 2]}),
     ((2, 4, 40), (8, 1, 3), {"group": 4, "pads": [1, 0], "strides": [2], "dilations": [3]}),
