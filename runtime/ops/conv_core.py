@@ -1334,35 +1334,72 @@ def _compiled_nhwc(window, channels, dtype, scratch_limit):
 
 @dataclass(frozen=True)
 class RowMatrices:
-    """Channels first, an image of few rows: each channel's whole output is one small product,
-    out_c (M * OH, OW) = A_c (M * OH, H * Kw) @ R_c (H * Kw, OW). R_c holds the image's rows, each
-    shifted by the Kw taps along it (one strided copy from the rows padded left and right); A_c
-    holds each output row's kernel rows placed at the input rows they read, zero elsewhere, made
-    at PREPARE (`row_matrices`). One batched numpy matmul over the channels of a block: no phase
-    planes, no pass per tap, and no products with padding rows, which a 5x5 window over two or three
-    rows mostly reads (PP-OCR's classifier and recognizer, whose images are 2-12 rows high)."""
+    """Channels first: a channel's output rows, `band` at a time, each a small product,
+    out (band, OW) = A (band, rows * Kw) @ R (rows * Kw, OW). R holds the `rows` input rows the band
+    reads, each shifted by the Kw taps along it (one strided copy, for every band and channel of a
+    block at once, from the image padded in scratch); A holds each output row's kernel rows placed
+    at the input rows they read, zero elsewhere, made at PREPARE (`row_matrices`). One batched
+    numpy matmul a block of channels: no phase planes and no pass per tap.
+
+    An image of a few rows is one band (`band` 0), its rows unpadded, so no product reads a padding
+    row (a 5x5 window over 2 or 3 rows mostly would: PP-OCR's classifier and recognizer), and A is
+    (M * OH, H * Kw), a row per output channel and row. Taller images take bands of 4 or 8 output
+    rows, all alike: the image padded above and below too, every band reads the same A (one output
+    per channel)."""
     window: Window    # 2-D (a 1-D window as one row)
-    padded_w: int     # the rows' length with their padding
-    block: int        # channels a block: the padded rows and R of each in scratch
+    padded: tuple     # (rows, columns) of the image in scratch: padded along the row, and with bands
+                      # above and below (and to whole bands)
+    block: int        # channels a block: the padded image, R and (bands not dividing the output) its
+                      # products in scratch
+    band: int = 0     # output rows a band; 0: the whole image, unpadded rows
+
+    @property
+    def rows(self):
+        """The input rows one product reads."""
+        w = self.window
+        if not self.band:
+            return w.in_spatial[0]
+        return (self.band - 1) * w.strides[0] + (w.kernel[0] - 1) * w.dilations[0] + 1
+
+    @property
+    def bands(self):
+        return -(-self.window.out_spatial[0] // self.band) if self.band else 1
 
     @property
     def columns(self):
-        """H * Kw: the rows of R, the columns of A."""
-        return self.window.in_spatial[0] * self.window.kernel[1]
+        """rows * Kw: the rows of R, the columns of A."""
+        return self.rows * self.window.kernel[1]
+
+    @property
+    def spare(self):
+        """Whether the bands' products go to scratch first (the last band overhangs the output)."""
+        return bool(self.band) and self.window.out_spatial[0] % self.band != 0
+
+    def per_channel(self):
+        """Scratch elements of a channel: its padded image, its R of every band, its products."""
+        ow = self.window.out_spatial[1]
+        spare = self.bands * self.band * ow if self.spare else 0
+        return math.prod(self.padded) + self.bands * self.columns * ow + spare
 
 
-# Row matrices serve a depthwise convolution (float32 or float64) whose image is at most this many
-# times its kernel's height (A's zeros: products the matmul makes and the window does not), whose
-# output has at least ROW_MATRICES_MIN_PIXELS a channel (a matmul's call costs ~0.1 us a channel,
-# too much for 7x7 outputs), and whose matrices stay within ROW_MATRICES_WEIGHT times the weight
-# (or 64 KB): packed weights are memory too. Measured, one thread, numpy, against the paths before
-# (phase planes, or channels last for small images): 200 channels of 2x96 5x5 168 -> 53 us, 88 of
-# 3x96 5x5 156 -> 37, 32 of 12x96 3x3 93 -> 48, 64 of 8x80 3x3 108 -> 50; 576 of 14x14 3x3 stride 2
-# 218 -> 299 and 960 of 7x7 3x3 196 -> 217 (short rows: the calls cost), 144 of 56x56 3x3 1,121 ->
-# 2,576 (A mostly zeros) keep theirs.
+# Row matrices serve a depthwise convolution (float32 or float64) where numba's kernels are off.
+# In one band: an image at most ROW_MATRICES_WASTE times its kernel's height (A's zeros are products
+# the matmul makes and the window does not) whose output has at least ROW_MATRICES_MIN_PIXELS a
+# channel (a matmul's call costs ~0.1 us a channel, too much for 7x7 outputs). In bands (one output
+# a channel): rows of at least ROW_MATRICES_MIN_WIDTH outputs, bands of ROW_MATRICES_BAND rows (a 3x3
+# window) or twice that (5x5 and taller). Their matrices stay within ROW_MATRICES_WEIGHT times the
+# weight or ROW_MATRICES_SMALL: packed weights are memory too (a depthwise weight is small: all of
+# MobileNetV2's are 150 KB). Measured, one thread, numpy, against the paths before (phase planes, or
+# channels last for small images): one band, 200 channels of 2x96 5x5 168 -> 53 us, 88 of 3x96 5x5
+# 156 -> 37, 32 of 12x96 3x3 93 -> 48; in bands, PP-OCRv6 det's 96 of 80x64 7x7 6,916 -> 2,413 us,
+# 96 of 40x32 7x7 3,748 -> 634, 48 of 80x64 3x3 817 -> 358, 192 of 20x16 3x3 270 -> 208, 144 of
+# 56x56 3x3 1,121 -> 822; 576 of 14x14 3x3 stride 2 (218 against 299 in one band) and 960 of 7x7
+# (196 against 217) keep theirs.
 ROW_MATRICES_WASTE = 4
 ROW_MATRICES_MIN_PIXELS = 96
-ROW_MATRICES_WEIGHT = 8
+ROW_MATRICES_MIN_WIDTH = 16
+ROW_MATRICES_BAND = 4
+ROW_MATRICES_WEIGHT = 32
 ROW_MATRICES_SMALL = 256 * 1024
 
 
@@ -1372,59 +1409,82 @@ def _row_matrices_plan(window, c, multiplier, dtype, scratch_limit):
         return None
     window = _as_2d(window)
     (h, w), (oh, ow), (kh, kw) = window.in_spatial, window.out_spatial, window.kernel
-    if h > ROW_MATRICES_WASTE * kh or oh * ow < ROW_MATRICES_MIN_PIXELS:
+    padded_w = window.pads_begin[1] + w + window.pads_end[1]
+    if h <= ROW_MATRICES_WASTE * kh and oh * ow >= ROW_MATRICES_MIN_PIXELS:
+        how = RowMatrices(window, (h, padded_w), 0)
+    elif multiplier == 1 and ow >= ROW_MATRICES_MIN_WIDTH:
+        band = min(oh, ROW_MATRICES_BAND * (2 if kh >= 5 else 1))
+        bands = -(-oh // band)
+        rows = (band - 1) * window.strides[0] + (kh - 1) * window.dilations[0] + 1
+        padded_h = max((bands - 1) * band * window.strides[0] + rows, window.pads_begin[0] + h)
+        how = RowMatrices(window, (padded_h, padded_w), 0, band)
+    else:
         return None
-    matrices = c * multiplier * oh * h * kw * dtype.itemsize
+    matrices = c * multiplier * (oh if not how.band else how.band) * how.columns * dtype.itemsize
     if matrices > max(ROW_MATRICES_WEIGHT * c * multiplier * kh * kw * dtype.itemsize, ROW_MATRICES_SMALL):
         return None
-    padded_w = window.pads_begin[1] + w + window.pads_end[1]
-    per_channel = h * padded_w + h * kw * ow
     limit = min(scratch_limit, DEPTHWISE_BLOCK)
-    if per_channel * dtype.itemsize > limit:
+    if how.per_channel() * dtype.itemsize > limit:
         return None
-    return RowMatrices(window, padded_w, _block_size(c, per_channel, dtype, limit))
+    return replace(how, block=_block_size(c, how.per_channel(), dtype, limit))
 
 
 def row_matrices(w, plan):
     """A depthwise weight (C * M, 1, *kernel) as the matrices of `plan` (RowMatrices): (C, M * OH,
-    H * Kw), A[c, m * OH + i, r * Kw + j] = w[c * M + m, 0, k, j] where output row i reads input row
-    r = i * stride - pad + k * dilation with kernel row k, else zero."""
-    window = plan.tiles.window
-    (h, _), (oh, _), (kh, kw) = window.in_spatial, window.out_spatial, window.kernel
+    rows * Kw) in one band, (C, band, rows * Kw) in bands; A[c, m * OH + i, r * Kw + j] = w[c * M +
+    m, 0, k, j] where output row i reads input row r with kernel row k, else zero."""
+    how = plan.tiles
+    window = how.window
+    oh, (kh, kw) = window.out_spatial[0], window.kernel
     multiplier = plan.c_out // plan.c_in
     taps = np.asarray(w).reshape(plan.c_in, multiplier, kh, kw)
-    a = np.zeros((plan.c_in, multiplier, oh, h, kw), taps.dtype)
-    for i in range(oh):
+    a = np.zeros((plan.c_in, multiplier, how.band or oh, how.rows, kw), taps.dtype)
+    for i in range(how.band or oh):
         for k in range(kh):
-            r = i * window.strides[0] - window.pads_begin[0] + k * window.dilations[0]
-            if 0 <= r < h:
+            # in one band the image's own rows; in bands the band's padded ones
+            r = i * window.strides[0] + k * window.dilations[0] - (0 if how.band else window.pads_begin[0])
+            if 0 <= r < how.rows:
                 a[:, :, i, r] = taps[:, :, k]
-    return a.reshape(plan.c_in, multiplier * oh, h * kw)
+    return a.reshape(plan.c_in, -1, how.columns)
 
 
 def _depthwise_row_matrices(x, a, bias, out, plan, scratch, activation):
     """The products of RowMatrices, a block of channels at a time, then the bias and activation."""
     how = plan.tiles
     window = how.window
-    (h, w), ow, kw = window.in_spatial, window.out_spatial[1], window.kernel[1]
+    (h, w), (oh, ow), kw = window.in_spatial, window.out_spatial, window.kernel[1]
+    top = window.pads_begin[0] if how.band else 0
     left, c = window.pads_begin[1], plan.c_in
-    rows_out = a.shape[1]  # M * OH
     item = scratch.itemsize
+    stride_h = window.strides[0]
     for n in range(out.shape[0]):
         image = x[n].reshape(c, h, w)
-        result = out[n].reshape(c, rows_out, ow)
+        result = out[n].reshape(c, -1, ow)  # (C, M * OH, OW)
         for c0 in range(0, c, how.block):
             c1 = min(c, c0 + how.block)
             b = c1 - c0
-            padded = scratch[:b * h * how.padded_w].reshape(b, h, how.padded_w)
-            padded[:, :, :left] = 0  # the border; scratch is shared with other steps
-            padded[:, :, left + w:] = 0
-            np.copyto(padded[:, :, left:left + w], image[c0:c1])
-            shifted = scratch[padded.size:padded.size + b * how.columns * ow].reshape(b, h, kw, ow)
+            padded = scratch[:b * math.prod(how.padded)].reshape(b, *how.padded)
+            padded[:, :top] = 0  # the border; scratch is shared with other steps
+            padded[:, top + h:] = 0
+            padded[:, top:top + h, :left] = 0
+            padded[:, top:top + h, left + w:] = 0
+            np.copyto(padded[:, top:top + h, left:left + w], image[c0:c1])
+            shifted = scratch[padded.size:padded.size + b * how.bands * how.columns * ow]
+            shifted = shifted.reshape(b, how.bands, how.rows, kw, ow)
+            band_step = how.band * stride_h * padded.strides[1]
             np.copyto(shifted, np.ndarray(shifted.shape, padded.dtype, padded, 0,
-                                          (padded.strides[0], padded.strides[1],
+                                          (padded.strides[0], band_step, padded.strides[1],
                                            window.dilations[1] * item, window.strides[1] * item)))
-            np.matmul(a[c0:c1], shifted.reshape(b, how.columns, ow), out=result[c0:c1])
+            columns = shifted.reshape(b, how.bands, how.columns, ow)
+            if not how.band:
+                np.matmul(a[c0:c1], columns[:, 0], out=result[c0:c1])
+            elif not how.spare:
+                np.matmul(a[c0:c1, None], columns, out=result[c0:c1].reshape(b, how.bands, how.band, ow))
+            else:
+                at = padded.size + shifted.size
+                products = scratch[at:at + b * how.bands * how.band * ow].reshape(b, how.bands, how.band, ow)
+                np.matmul(a[c0:c1, None], columns, out=products)
+                np.copyto(result[c0:c1], products.reshape(b, -1, ow)[:, :oh])
     _bias_activation(out, bias, activation, CHANNELS_FIRST, epilogue=plan.epilogue)
     return out
 
@@ -1513,9 +1573,7 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit, row_matrices
         # 71 against 91 us, 192 of 6x80 3x3 79 against 156)
         rows = _row_matrices_plan(window, c, multiplier, dtype, scratch_limit) if row_matrices else None
         if rows is not None:
-            return ConvPlan(window, layout, c, c_out, c, "depthwise", rows,
-                            rows.block * (rows.window.in_spatial[0] * rows.padded_w + rows.columns
-                                          * rows.window.out_spatial[1]), dtype)
+            return ConvPlan(window, layout, c, c_out, c, "depthwise", rows, rows.block * rows.per_channel(), dtype)
         # Half types sum their taps in float32, rounded once into the output, as a GEMM
         # (numpy's or onnxruntime's) sums: a half accumulator loses a bit at every tap.
         dtype = np.dtype(np.float32) if dtype.itemsize < 4 else dtype

@@ -92,7 +92,9 @@ def test_each_depthwise_path_is_chosen_where_it_serves():
     with jit.chosen(False):
         assert _depthwise_plan(16, 14).gemm  # the cases above: a batched GEMM
         assert isinstance(_depthwise_plan(96, 5), conv_core.TransposedDepthwise)  # short rows, many channels
-        assert not _depthwise_plan(32, 112).gemm  # large images: tap by tap over the planes
+        assert _depthwise_plan(32, 112).band == 4  # large images: row matrices in bands of rows
+        window = conv_core.make_window((112, 112), (3, 3), pads=[1] * 4)
+        assert not conv_core.conv_plan(window, 8, 16, 8).tiles.gemm  # two outputs each: tap by tap
         assert not _depthwise_plan(6, 9).gemm and isinstance(_depthwise_plan(6, 9), conv_core.DepthwisePlan)
 
 
@@ -112,9 +114,9 @@ def test_which_compiled_depthwise_kernel_serves_which_layer(monkeypatch):
     window = conv_core.make_window((9, 9, 9), (3, 3, 3), pads=[1] * 6)
     assert not isinstance(conv_core.conv_plan(window, 4, 4, 4).tiles, conv_core.CompiledDepthwise)  # 3-D
     monkeypatch.setenv("NNRUN_JIT", "0")
-    assert isinstance(_depthwise_plan(32, 112), conv_core.DepthwisePlan)
+    assert isinstance(_depthwise_plan(32, 112), conv_core.RowMatrices)  # numpy's
     monkeypatch.delenv("NNRUN_JIT")
-    assert isinstance(_depthwise_plan(32, 112), conv_core.DepthwisePlan)  # off unless asked for
+    assert isinstance(_depthwise_plan(32, 112), conv_core.RowMatrices)  # off unless asked for
 
 
 @needs_numba
@@ -166,7 +168,7 @@ def test_without_numba_nnrun_runs_and_compiled_kernels_asked_for_warn_once(tmp_p
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         "    plans = [conv_core.conv_plan(w, 32, 32, 32) for _ in range(2)]\n"
-        "assert all(isinstance(p.tiles, conv_core.DepthwisePlan) for p in plans), plans\n"
+        "assert all(isinstance(p.tiles, conv_core.RowMatrices) for p in plans), plans  # numpy's\n"
         "assert len(caught) == 1 and 'nnrun[jit]' in str(caught[0].message), caught\n"
         "print('ok')\n")
     import os
@@ -300,15 +302,20 @@ ROW_MATRICES_CASES = [
     ((1, 16, 4, 50), (16, 1, 3, 3), {"group": 16, "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
     ((1, 8, 3, 120), (8, 1, 3, 3), {"group": 8}),                               # no padding
     ((1, 10, 200), (10, 1, 5), {"group": 10, "pads": [2, 2], "strides": [2]}),  # 1-D: one row
+    # taller images, in bands of rows: the last band past the output's end, or not; strides, dilations
+    ((1, 8, 30, 20), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),
+    ((2, 6, 33, 24), (6, 1, 7, 7), {"group": 6, "pads": [3, 2, 3, 4], "strides": [2, 1]}),
+    ((1, 4, 40, 32), (4, 1, 3, 3), {"group": 4, "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
 ]
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", ROW_MATRICES_CASES)
 @pytest.mark.parametrize("activation", [None, "Relu", "HardSwish"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_depthwise_of_few_rows_as_row_matrices(x_shape, w_shape, attrs, activation, bias):
+def test_depthwise_of_few_rows_as_row_matrices(x_shape, w_shape, attrs, activation, bias, monkeypatch):
     """Images of a few rows (numpy's kernels): each channel's output one product of its matrix of
     kernel rows by its shifted rows."""
+    monkeypatch.delenv("NNRUN_JIT", raising=False)  # numpy's kernels, whatever the suite's run asks
     x, w = _data(x_shape), _data(w_shape, 1)
     inits = [("w", w)] + ([("b", _data((w_shape[0],), 2))] if bias else [])
     nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c" if activation else "y"], **attrs)]
@@ -322,9 +329,10 @@ def test_depthwise_of_few_rows_as_row_matrices(x_shape, w_shape, attrs, activati
         assert kernel.band_granule() == 0  # under a memory budget it runs whole, its matrices read whole
 
 
-def test_row_matrices_fed_weight_float64_and_within_scratch():
+def test_row_matrices_fed_weight_float64_and_within_scratch(monkeypatch):
     """A weight fed at run time (its matrices made on each run), float64, and channels in blocks
     when the scratch limit holds only a few."""
+    monkeypatch.delenv("NNRUN_JIT", raising=False)
     x_shape, w_shape, attrs = ROW_MATRICES_CASES[1]
     with jit.chosen(False):
         _conv_case(x_shape, w_shape, attrs, fed=True)
@@ -348,10 +356,12 @@ def _row_tiles(in_spatial, kernel, c=32, **kw):
 def test_where_row_matrices_serve():
     tiles = _row_tiles
     with jit.chosen(False):
-        assert isinstance(tiles((3, 96), (5, 5)), conv_core.RowMatrices)
-        assert isinstance(tiles((12, 80), (3, 3)), conv_core.RowMatrices)  # 4 rows of the image a kernel row
-        assert not isinstance(tiles((14, 80), (3, 3)), conv_core.RowMatrices)  # more: the matrices mostly zeros
+        assert tiles((3, 96), (5, 5)).band == 0  # one band, the image's own rows
+        assert tiles((12, 80), (3, 3)).band == 0  # 4 rows of the image a kernel row
+        assert tiles((14, 80), (3, 3)).band == 4  # more: in bands of 4 output rows (A mostly zeros else)
+        assert tiles((80, 64), (7, 7)).band == 8  # and of 8 for taller windows
         assert not isinstance(tiles((7, 7), (5, 5), c=512), conv_core.RowMatrices)  # 49 outputs: calls cost
+        assert not isinstance(tiles((14, 14), (3, 3), c=384), conv_core.RowMatrices)  # rows of 14
         assert not isinstance(tiles((2, 96), (5, 5), dtype=np.float16), conv_core.RowMatrices)
         assert not isinstance(tiles((3, 96), (5, 5), row_matrices=False), conv_core.RowMatrices)  # a band's
         # matrices beyond 8 times the weight and 256 KB: packed weights are memory too
