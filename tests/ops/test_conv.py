@@ -268,6 +268,16 @@ def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, kernels):
     _conv_case(x_shape, w_shape, attrs)
 
 
+def _conv_activation_model(x_shape, w_shape, attrs, activation, bias):
+    """A Conv (with a bias or not) then `activation` (None: none), and its input."""
+    x, w = _data(x_shape), _data(w_shape, 1)
+    inits = [("w", w)] + ([("b", _data((w_shape[0],), 2))] if bias else [])
+    nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c" if activation else "y"], **attrs)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["c"], ["y"]))
+    return make_model(nodes, [("x", x)], [("y", None)], inits), x
+
+
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((1, 40, 14, 14), (40, 1, 3, 3), {"group": 40, "pads": [1, 1, 1, 1]}),   # four pixels a pass, 2 left
     ((2, 24, 7, 7), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),     # 4 + 3
@@ -281,12 +291,7 @@ def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, kernels):
 def test_depthwise_small_images_channels_last(x_shape, w_shape, attrs, activation, bias, kernels):
     """Small images of many channels, which the compiled kernel sums channels last, four pixels of a
     row a pass where the stride and dilation along the row are 1 (the rest a pixel at a time)."""
-    x, w = _data(x_shape), _data(w_shape, 1)
-    inits = [("w", w)] + ([("b", _data((w_shape[0],), 2))] if bias else [])
-    nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c" if activation else "y"], **attrs)]
-    if activation:
-        nodes.append(helper.make_node(activation, ["c"], ["y"]))
-    model = make_model(nodes, [("x", x)], [("y", None)], inits)
+    model, x = _conv_activation_model(x_shape, w_shape, attrs, activation, bias)
     check_model(model, {"x": x})
     if kernels == "compiled":
         sess = nnrun.InferenceSession(model.SerializeToString())
@@ -316,12 +321,7 @@ def test_depthwise_of_few_rows_as_row_matrices(x_shape, w_shape, attrs, activati
     """Images of a few rows (numpy's kernels): each channel's output one product of its matrix of
     kernel rows by its shifted rows."""
     monkeypatch.delenv("NNRUN_JIT", raising=False)  # numpy's kernels, whatever the suite's run asks
-    x, w = _data(x_shape), _data(w_shape, 1)
-    inits = [("w", w)] + ([("b", _data((w_shape[0],), 2))] if bias else [])
-    nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c" if activation else "y"], **attrs)]
-    if activation:
-        nodes.append(helper.make_node(activation, ["c"], ["y"]))
-    model = make_model(nodes, [("x", x)], [("y", None)], inits)
+    model, x = _conv_activation_model(x_shape, w_shape, attrs, activation, bias)
     with jit.chosen(False):
         check_model(model, {"x": x})
         kernel = nnrun.InferenceSession(model.SerializeToString()).plan().steps[0].kernel
