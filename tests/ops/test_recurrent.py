@@ -9,6 +9,7 @@ import pytest
 from oracle import (assert_close, check_model, helper, make_model, numpy_helper, rng, run_nnrun,
                     run_onnxruntime)
 
+import nnrun
 from nnrun import ModelError
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -101,6 +102,36 @@ def test_sizes(op, opset, seq, batch, hidden):
 @pytest.mark.parametrize("direction", DIRECTIONS)
 def test_ragged_batch(op, direction):
     check_recurrent(op, seq=10, batch=5, hidden=16, lens=[10, 1, 7, 3, 10], direction=direction)
+
+
+ONE_STEP_VARIANTS = {
+    "plain": {}, "no bias, no state": {"bias": False, "initial": False}, "lengths": {"lens": [1, 0, 1]},
+    "clip": {"clip": 0.6}, "peepholes": {"peepholes": True, "clip": 0.8}, "input_forget": {"input_forget": 1},
+    "activations": {"activations": ["HardSigmoid", "Tanh", "Softsign"] * 2},
+}
+
+
+@pytest.mark.parametrize("op,variant", [("LSTM", v) for v in ONE_STEP_VARIANTS] +
+                         [("RNN", v) for v in ("plain", "no bias, no state", "lengths", "clip")])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("layout", [0, 1])
+def test_one_time_step_is_one_product(op, variant, direction, layout):
+    """A sequence of one step (a streaming model's call) with W, R and B weights: the gates as one
+    product of [x, h] by W and R stacked at PREPARE, then the cell's step."""
+    kw = dict(ONE_STEP_VARIANTS[variant])
+    if variant == "activations" and direction != "bidirectional":
+        kw["activations"] = kw["activations"][:3]
+    check_recurrent(op, seq=1, direction=direction, layout=layout, **kw)
+    model, _ = recurrent_case(op, seq=1, direction=direction, layout=layout, **kw)
+    kernel = nnrun.InferenceSession(model.SerializeToString()).plan().steps[0].kernel
+    assert kernel.stacked is not None
+
+
+@pytest.mark.parametrize("op", ["LSTM", "RNN"])
+def test_one_time_step_nan_as_onnxruntime(op):
+    model, feeds = recurrent_case(op, seq=1, direction="bidirectional", seed=4)
+    feeds["x"][0, 1, :2] = np.nan
+    check_model(model, feeds)
 
 
 @pytest.mark.parametrize("op", list(GATES))
