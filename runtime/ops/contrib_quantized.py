@@ -189,6 +189,8 @@ class DynamicQuantizeLSTM(LSTM7):
     projection, each direction's h at each step) and multiplies exactly in integers; the rest is
     recurrent.py's LSTM. W, R and their scales and zero points must be constants."""
 
+    one_product = False  # each product quantizes its own float operand: x and h are not one
+
     def infer(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None,
               w_scale=None, w_zero_point=None, r_scale=None, r_zero_point=None):
         for what, info in (("W", w), ("R", r)):

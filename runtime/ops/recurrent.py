@@ -136,6 +136,7 @@ class Recurrent(Kernel):
     # RNN; not GRU, whose candidate multiplies the state's product by the reset gate first): a
     # sequence of one step is then one product of [x, h] by W and R stacked (`stacked`).
     one_product = False
+    stacked = stacked_bias = None  # (one_product, prepared) [W^T; R^T] and the bias, packed
 
     def decode(self):
         direction = self.direction.decode() if isinstance(self.direction, bytes) else self.direction
