@@ -1408,8 +1408,8 @@ class RowMatrices:
 # a channel): rows of at least ROW_MATRICES_MIN_WIDTH outputs, bands of ROW_MATRICES_BAND rows (a 3x3
 # window) or twice that (5x5 and taller). Measured, one thread, numpy, against the paths before
 # (phase planes, or channels last for small images): one band, 200 channels of 2x96 5x5 168 -> 53
-# us, 88 of 3x96 5x5 156 -> 37, 32 of 12x96 3x3 93 -> 48, 256 of 14x14 5x5 479 -> 286 (with
-# HardSwish; A packed); in bands, PP-OCRv6 det's 96 of 80x64 7x7 6,916 -> 2,413 us, 96 of 40x32 7x7
+# us, 88 of 3x96 5x5 156 -> 37, 32 of 12x96 3x3 93 -> 48, 256 of 14x14 5x5 479 -> 350 (with
+# HardSwish); in bands, PP-OCRv6 det's 96 of 80x64 7x7 6,916 -> 2,413 us, 96 of 40x32 7x7
 # 3,748 -> 634, 48 of 80x64 3x3 817 -> 358, 192 of 20x16 3x3 270 -> 208, 144 of 56x56 3x3 1,121 ->
 # 822. Short rows keep their paths: 576 of 14x14 3x3 stride 2 (channels last 239 against 394 in
 # bands), 960 of 7x7 (233 against 440), 512 of 7x7 5x5 (354 against 358).
