@@ -1437,7 +1437,9 @@ def _row_matrices_plan(window, c, multiplier, dtype, scratch_limit):
     else:
         return None
     limit = min(scratch_limit, DEPTHWISE_BLOCK)
-    if how.per_channel() * dtype.itemsize > limit:
+    # (a strip longer than A itself: rows far apart, a stride past the image into padding; what a
+    # file says must not size what PREPARE packs)
+    if how.per_channel() * dtype.itemsize > limit or how.strip > how.band_rows * how.columns:
         return None
     return replace(how, block=_block_size(c, how.per_channel(), dtype, limit))
 

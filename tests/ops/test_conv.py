@@ -371,6 +371,9 @@ def test_where_row_matrices_serve():
         plan = conv_core.conv_plan(conv_core.make_window((14, 14), (5, 5), pads=[2] * 4), 256, 256, 256)
         assert plan.tiles.band == 0 and plan.tiles.strip == (14 + 13) * 5
         assert conv_core.depthwise_taps(rng(0).standard_normal((256, 1, 5, 5)), plan).shape == (256, 135)
+        # a stride that leaps through a million rows of padding: no strip of a million rows a channel
+        window = conv_core.make_window((3, 200), (3, 3), strides=(10**6, 1), pads=[10**6, 1, 10**6, 1])
+        assert not isinstance(conv_core.conv_plan(window, 8, 8, 8).tiles, conv_core.RowMatrices)
 
 
 @needs_numba
