@@ -460,7 +460,8 @@ BLOCK = 16
 
 @njit(nogil=True, cache=True, boundscheck=False)
 def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h, padded_w, kernel_h, kernel_w,
-                            stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode, p0, p1, c0, c1):
+                            stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode, p0, p1, c0, c1,
+                            staged):
     """Channels [c0, c1) of one image, for small images of many channels (one output per input
     channel). x (C, H, W); w (taps * C,): tap-major; out (C, OH, OW).
 
@@ -470,6 +471,11 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
     `result` (OH * OW * C), then copied back channels first. Flat buffers
     and slices from zero, so that LLVM sees contiguous, non-negative indices and vectorises;
     shares of other channels may run on other threads at once.
+
+    `staged`: the caller has put the image in `result` channels last already (H * W * C) and
+    copies the result back itself (both by BLAS's transposing copy, several times faster than
+    these loops, which run about an element a cycle): here the staged image's channels [c0, c1)
+    go into `padded` a pixel at a time, contiguous runs, and `out` is not written.
     """
     channels, height, width = x.shape
     rows, cols = out.shape[1], out.shape[2]
@@ -483,18 +489,29 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
                 cell = padded[start:start + n]
                 for c in range(n):
                     cell[c] = zero
-    for b0 in range(c0, c1, BLOCK):
-        m = min(BLOCK, c1 - b0)
-        image = x[b0:b0 + m]
+    if staged:
         for h in range(height):
             for v in range(width):
-                start = ((h + pad_top) * padded_w + v + pad_left) * channels + b0
-                cell = padded[start:start + m]
-                for c in range(m):
-                    cell[c] = image[c, h, v]
+                start = ((h + pad_top) * padded_w + v + pad_left) * channels + c0
+                at = (h * width + v) * channels + c0
+                cell, staged_cell = padded[start:start + n], result[at:at + n]
+                for c in range(n):
+                    cell[c] = staged_cell[c]
+    else:
+        for b0 in range(c0, c1, BLOCK):
+            m = min(BLOCK, c1 - b0)
+            image = x[b0:b0 + m]
+            for h in range(height):
+                for v in range(width):
+                    start = ((h + pad_top) * padded_w + v + pad_left) * channels + b0
+                    cell = padded[start:start + m]
+                    for c in range(m):
+                        cell[c] = image[c, h, v]
     for r in range(rows):
         _output_row(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padded_w, kernel_h, kernel_w,
                     stride_h, stride_w, dilation_h, dilation_w, mode, p0, p1)
+    if staged:
+        return
     for b0 in range(c0, c1, BLOCK):
         m = min(BLOCK, c1 - b0)
         image = out[b0:b0 + m]

@@ -1533,8 +1533,9 @@ def _compiled_depthwise(window, channels, multiplier, dtype):
         if kernel is None:
             return None
         padded, _ = _padded_image(window)
+        # (the result's room holds the image too: BLAS's transposing copy stages it there)
         return CompiledChannelsLast(kernel, padded, window, math.prod(padded) * channels,
-                                    math.prod(window.out_spatial) * channels)
+                                    max(math.prod(window.out_spatial), math.prod(window.in_spatial)) * channels)
     grid = phase_grid(window)
     if grid.q_size < min(channels, COMPILED_MIN_ROW):
         return None
@@ -1752,13 +1753,24 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
     shares = [(b0 * CHANNELS_LAST_BLOCK, min(c, b1 * CHANNELS_LAST_BLOCK))
               for b0, b1 in parallel.ranges(blocks, parallel.parts(out[0].size * window.taps, COMPILED_SHARE))]
     geometry = (*how.padded, *window.kernel, *window.strides, *window.dilations, *window.pads_begin)
+    pixels_in, pixels_out = math.prod(window.in_spatial), math.prod(window.out_spatial)
+    # The copies to channels last and back by BLAS's transposing copy where the run's library has
+    # one (576 channels of 14x14, 3x3: the kernel's own copies were ~80 of its ~104 us)
+    transpose = blas.transpose(out.dtype)
+    if transpose is not None and max(c, pixels_in, pixels_out) > transpose.limit:
+        transpose = None
+    staged = transpose is not None
     for n in range(out.shape[0]):
         x_n = np.ascontiguousarray(x[n].reshape(c, *window.in_spatial))
         out_n = out[n].reshape(c, *window.out_spatial)
+        if staged:
+            transpose.rows(c, pixels_in, x_n, result)
 
         def share(i):
-            how.kernel(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1, *shares[i])
+            how.kernel(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1, *shares[i], staged)
         parallel.current().run(share, len(shares))  # inline when there is one
+        if staged:
+            transpose.rows(pixels_out, c, result, out_n)
     if after is not None:
         _bias_activation(out, None, after, CHANNELS_FIRST)
     return out

@@ -188,8 +188,13 @@ def _check_depthwise_channels_last(dtype):
     lo, hi = dtype.type(-np.inf), dtype.type(np.inf)
     depthwise_channels_last(np.full((1, 1, 1), 2, dtype), np.arange(9, dtype=dtype), np.zeros(1, dtype), True, out,
                             np.full(9, np.nan, dtype), np.empty(1, dtype), 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, CLAMP, lo, hi,
-                            0, 1)
+                            0, 1, False)
     _expect("depthwise (channels last)", out[0, 0, 0], 8)
+    # and the image staged channels last in the result's room, the result left there
+    result = np.full(1, 3, dtype)
+    depthwise_channels_last(np.empty((1, 1, 1), dtype), np.arange(9, dtype=dtype), np.zeros(1, dtype), True, out,
+                            np.full(9, np.nan, dtype), result, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, CLAMP, lo, hi, 0, 1, True)
+    _expect("depthwise (channels last, staged)", result[0], 12)
     return depthwise_channels_last
 
 

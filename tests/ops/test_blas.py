@@ -202,6 +202,20 @@ print(library.own, library.core, numpys() == before, "OPENBLAS_CORETYPE" in os.e
 """
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m, n", [(384, 196), (1, 7), (7, 1), (33, 65)])
+def test_the_transposing_copy(library, dtype, m, n):
+    """Each library's ?omatcopy (the compiled channels-last depthwise kernel's copies) against
+    numpy's transposed view, exactly: a copy; nothing written past b."""
+    transpose = library.transposes.get(np.dtype(dtype))
+    assert transpose is not None, "OpenBLAS has ?omatcopy: its absence leaves the staged path untested"
+    a = rng(0).standard_normal((m, n)).astype(dtype)
+    b = np.full(m * n + 8, -1, dtype)
+    transpose.rows(m, n, a, b[:m * n].reshape(n, m))
+    np.testing.assert_array_equal(b[:m * n].reshape(n, m), a.T)
+    assert np.all(b[m * n:] == -1)
+
+
 def test_a_process_gets_nnruns_own_library_and_numpys_is_left_as_it_was():
     own, core, numpys_unchanged, variable_left, chosen = _in_a_process(_CHOICE)
     assert own == "True" and numpys_unchanged == "True" and variable_left == "False"
