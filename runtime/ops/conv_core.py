@@ -1853,8 +1853,21 @@ def _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation):
     spatial_first = tuple(range(1, len(window.in_spatial) + 1)) + (0,)
     channels_first = (len(window.out_spatial),) + tuple(range(len(window.out_spatial)))
     image = padded[how.inside]
+    # The copies to channels last and back by BLAS's transposing copy where the run's library has
+    # one, the image staged in the sums' room when it fits (numpy's copy of a transposed view: 576
+    # channels of 14x14 63 us, the library's 17)
+    pixels_in, pixels_out = math.prod(window.in_spatial), math.prod(window.out_spatial)
+    transpose = blas.transpose(out.dtype)
+    if transpose is not None and max(plan.c_out, pixels_in, pixels_out) > transpose.limit:
+        transpose = None
+    staged = transpose is not None and pixels_in * c <= acc.size and x.flags.c_contiguous
     for n in range(out.shape[0]):
-        np.copyto(image, x[n].transpose(spatial_first))
+        if staged:
+            room = acc.reshape(-1)[:pixels_in * c]
+            transpose.rows(c, pixels_in, x[n], room)
+            np.copyto(image, room.reshape(*window.in_spatial, c))
+        else:
+            np.copyto(image, x[n].transpose(spatial_first))
         for (r0, r1), tile_taps in how.tiles:
             acc_t = acc[r0:r1]
             tmp = spare[:acc_t.size].reshape(acc_t.shape)
@@ -1867,7 +1880,10 @@ def _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation):
                     np.add(acc_t, tmp, out=acc_t)
         result = acc.reshape(*window.out_spatial, plan.c_out)
         _bias_activation(result, bias, activation, CHANNELS_LAST, batched=False, epilogue=plan.epilogue)
-        np.copyto(out[n], result.transpose(channels_first))
+        if transpose is not None:
+            transpose.rows(pixels_out, plan.c_out, result, out[n])
+        else:
+            np.copyto(out[n], result.transpose(channels_first))
     return out
 
 

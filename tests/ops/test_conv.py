@@ -306,6 +306,25 @@ def test_depthwise_small_images_channels_last(x_shape, w_shape, attrs, activatio
         assert isinstance(sess.plan().steps[0].kernel.plan.tiles, conv_core.CompiledChannelsLast)
 
 
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 96, 7, 7), (96, 1, 3, 3), {"group": 96, "pads": [1, 1, 1, 1]}),                    # image staged
+    ((2, 160, 9, 9), (160, 1, 3, 3), {"group": 160, "pads": [1, 1, 1, 1], "strides": [2, 2]}),  # not: larger
+    ((1, 64, 6, 6), (128, 1, 3, 3), {"group": 64, "pads": [1, 1, 1, 1]}),                   # multiplier 2
+])
+@pytest.mark.parametrize("staged", [True, False])
+def test_depthwise_small_images_channels_last_with_numpy(x_shape, w_shape, attrs, staged, monkeypatch):
+    """numpy's channels-last path for small images of many channels (TransposedDepthwise), its copies
+    to channels last and back by BLAS's transposing copy (`staged`) or numpy's."""
+    monkeypatch.delenv("NNRUN_JIT", raising=False)
+    if not staged:
+        monkeypatch.setattr(conv_core.blas, "transpose", lambda dtype: None)
+    model, x = _conv_activation_model(x_shape, w_shape, attrs, "Relu", True)
+    with jit.chosen(False):
+        check_model(model, {"x": x})
+        kernel = nnrun.InferenceSession(model.SerializeToString()).plan().steps[0].kernel
+        assert isinstance(kernel.plan.tiles, conv_core.TransposedDepthwise)
+
+
 ROW_MATRICES_CASES = [
     ((1, 200, 2, 96), (200, 1, 5, 5), {"group": 200, "pads": [2, 2, 2, 2]}),   # PP-OCR's classifier
     ((1, 32, 6, 96), (32, 1, 5, 5), {"group": 32, "pads": [2, 2, 2, 2], "strides": [2, 1]}),
