@@ -1331,7 +1331,6 @@ def _compiled_nhwc(window, channels, dtype, scratch_limit):
     return CompiledNHWC(*kernels, padded, elems)
 
 
-
 @dataclass(frozen=True)
 class RowMatrices:
     """Channels first: a channel's output rows, `band` at a time, each a small product,
@@ -1676,8 +1675,10 @@ def depthwise_conv(x, w_taps, bias, out, plan, scratch=None, activation=None, re
     """Depthwise convolution as a sum over kernel taps, vectorised over channels.
 
     out[c*M + m] = sum over taps of w_taps[tap][c, m] * (the tap's input window)[c];
-    `w_taps` is (*kernel, C, M), any strides. No im2col: each tap is one multiply into
-    scratch and one add into the accumulator. A `residual` is added after (add_residual).
+    `w_taps` is what `depthwise_taps` packs for the plan: (*kernel, C, M), any strides, or the
+    strips of row matrices (RowMatrices: each band of output rows one product). The tap-major
+    paths take no im2col: each tap is one multiply into scratch and one add into the
+    accumulator (or a compiled loop). A `residual` is added after (add_residual).
     """
     _contiguous_out(out)
     if out.size == 0:
