@@ -2,7 +2,8 @@
 matmul cannot express (C += A @ B, where matmul always overwrites C; the sum of several products
 in one output, conv_core's "gemm-shifted" convolution: one per tap, each over a view of the same
 padded image shifted by the tap's offset, views that overlap one another), and for the large
-matrix products of the convolution and Gemm kernels (`matmul`).
+matrix products of the convolution and Gemm kernels (`matmul`); and OpenBLAS's transposing copy
+(`Transpose`), for the depthwise kernels that work channels last.
 
 Runs on one thread use nnrun's own library where it is installed: the OpenBLAS build numpy's and
 scipy's wheels are made from, as the `scipy-openblas32` wheel ships it (32-bit integers, names

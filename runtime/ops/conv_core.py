@@ -1357,7 +1357,7 @@ class RowMatrices:
     block: int        # channels a block: the padded image, A, R and (bands not dividing the output)
                       # its products in scratch
     band: int = 0     # output rows a band; 0: the whole image, unpadded rows
-    multiplier: int = 1
+    multiplier: int = 1  # outputs an input channel (one band only): A has M * OH rows
 
     @property
     def rows(self):
@@ -1663,9 +1663,9 @@ def _taps_view(w, plan):
 
 
 def depthwise_taps(w, plan):
-    """The weight `depthwise_conv` reads best: the plan's matrices (RowMatrices), else (*kernel, C,
-    M) contiguous, so each tap's weights are one row (the channels-last paths multiply whole rows by
-    them)."""
+    """The weight `depthwise_conv` reads best: the strips of row matrices (RowMatrices), else
+    (*kernel, C, M) contiguous, so each tap's weights are one row (the channels-last paths multiply
+    whole rows by them)."""
     if isinstance(plan.tiles, RowMatrices):
         return row_matrices(w, plan)
     return np.ascontiguousarray(_taps_view(w, plan))
