@@ -361,18 +361,15 @@ def _gemms(handle, pattern, integer):
     pattern with "gemv" for "gemm")."""
     gemms = {}
     for dtype, (letter, scalar) in _SCALARS.items():
-        function = getattr(handle, pattern.format(letter), None)
+        function = _bound(handle, pattern.format(letter),
+                          [ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar,
+                           ctypes.c_void_p, integer, ctypes.c_void_p, integer, scalar, ctypes.c_void_p, integer])
         if function is None:
             continue
-        function.restype = None
-        function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar,
-                             ctypes.c_void_p, integer, ctypes.c_void_p, integer, scalar, ctypes.c_void_p, integer]
-        gemv = getattr(handle, pattern.replace("gemm", "gemv").format(letter), None)
-        if gemv is not None:
-            gemv.restype = None
-            gemv.argtypes = [ctypes.c_int, ctypes.c_int, integer, integer, scalar, ctypes.c_void_p, integer,
-                             ctypes.c_void_p, integer, scalar, ctypes.c_void_p, integer]
-        gemms[dtype] = Gemm(dtype, function, (1 << (8 * ctypes.sizeof(integer) - 1)) - 1, gemv)
+        gemv = _bound(handle, pattern.replace("gemm", "gemv").format(letter),
+                      [ctypes.c_int, ctypes.c_int, integer, integer, scalar, ctypes.c_void_p, integer,
+                       ctypes.c_void_p, integer, scalar, ctypes.c_void_p, integer])
+        gemms[dtype] = Gemm(dtype, function, _largest(integer), gemv)
     return gemms
 
 
@@ -381,14 +378,26 @@ def _transposes(handle, pattern, integer):
     extension: (order, trans, rows, cols, alpha, a, lda, b, ldb))."""
     transposes = {}
     for dtype, (letter, scalar) in _SCALARS.items():
-        function = getattr(handle, pattern.format(letter), None)
-        if function is None:
-            continue
-        function.restype = None
-        function.argtypes = [ctypes.c_int, ctypes.c_int, integer, integer, scalar, ctypes.c_void_p, integer,
-                             ctypes.c_void_p, integer]
-        transposes[dtype] = Transpose(function, (1 << (8 * ctypes.sizeof(integer) - 1)) - 1)
+        function = _bound(handle, pattern.format(letter), [ctypes.c_int, ctypes.c_int, integer, integer, scalar,
+                                                            ctypes.c_void_p, integer, ctypes.c_void_p, integer])
+        if function is not None:
+            transposes[dtype] = Transpose(function, _largest(integer))
     return transposes
+
+
+def _bound(handle, name, argtypes):
+    """The library's function `name`, returning nothing, its arguments' types set; None where the
+    library has none."""
+    function = getattr(handle, name, None)
+    if function is not None:
+        function.restype = None
+        function.argtypes = argtypes
+    return function
+
+
+def _largest(integer):
+    """The largest dimension or leading dimension the library's integers hold."""
+    return (1 << (8 * ctypes.sizeof(integer) - 1)) - 1
 
 
 def transpose(dtype):
