@@ -400,10 +400,11 @@ def _largest(integer):
     return (1 << (8 * ctypes.sizeof(integer) - 1)) - 1
 
 
-def transpose(dtype):
+def transpose(dtype, largest=0):
     """The Transpose for `dtype` of the run in progress (`for_run`), or None where its library has
-    none (not OpenBLAS)."""
-    return for_run().transposes.get(np.dtype(dtype))
+    none (not OpenBLAS) or its integers cannot hold `largest` (a matrix's longest side)."""
+    found = for_run().transposes.get(np.dtype(dtype))
+    return found if found is not None and largest <= found.limit else None
 
 
 def _core_name(handle, symbol):

@@ -1757,9 +1757,7 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
     pixels_in, pixels_out = math.prod(window.in_spatial), math.prod(window.out_spatial)
     # The copies to channels last and back by BLAS's transposing copy where the run's library has
     # one (576 channels of 14x14, 3x3: the kernel's own copies were ~80 of its ~104 us)
-    transpose = blas.transpose(out.dtype)
-    if transpose is not None and max(c, pixels_in, pixels_out) > transpose.limit:
-        transpose = None
+    transpose = blas.transpose(out.dtype, max(c, pixels_in, pixels_out))
     staged = transpose is not None
     for n in range(out.shape[0]):
         x_n = np.ascontiguousarray(x[n].reshape(c, *window.in_spatial))
@@ -1858,9 +1856,7 @@ def _depthwise_transposed(x, w_taps, bias, out, plan, scratch, activation):
     # one, the image staged in the sums' room when it fits (numpy's copy of a transposed view: 576
     # channels of 14x14 63 us, the library's 17)
     pixels_in, pixels_out = math.prod(window.in_spatial), math.prod(window.out_spatial)
-    transpose = blas.transpose(out.dtype)
-    if transpose is not None and max(plan.c_out, pixels_in, pixels_out) > transpose.limit:
-        transpose = None
+    transpose = blas.transpose(out.dtype, max(plan.c_out, pixels_in, pixels_out))
     staged = transpose is not None and pixels_in * c <= acc.size and x.flags.c_contiguous
     for n in range(out.shape[0]):
         if staged:

@@ -216,6 +216,12 @@ def test_the_transposing_copy(library, dtype, m, n):
     assert np.all(b[m * n:] == -1)
 
 
+def test_no_transposing_copy_of_a_side_its_integers_cannot_hold():
+    found = blas.transpose(np.float32)
+    assert found is not None and blas.transpose(np.float32, found.limit) is found
+    assert blas.transpose(np.float32, found.limit + 1) is None
+
+
 def test_a_process_gets_nnruns_own_library_and_numpys_is_left_as_it_was():
     own, core, numpys_unchanged, variable_left, chosen = _in_a_process(_CHOICE)
     assert own == "True" and numpys_unchanged == "True" and variable_left == "False"

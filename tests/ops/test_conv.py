@@ -296,7 +296,7 @@ def test_depthwise_small_images_channels_last(x_shape, w_shape, attrs, activatio
     copies to channels last and back by BLAS's transposing copy (`staged`), or, where the library
     has none, by the kernel's own loops."""
     if not staged:
-        monkeypatch.setattr(conv_core.blas, "transpose", lambda dtype: None)
+        monkeypatch.setattr(conv_core.blas, "transpose", lambda dtype, largest=0: None)
     elif kernels == "compiled" and conv_core.blas.transpose(np.float32) is None:
         pytest.fail("nnrun's BLAS has no transposing copy (?omatcopy): the staged path goes untested")
     model, x = _conv_activation_model(x_shape, w_shape, attrs, activation, bias)
@@ -317,7 +317,7 @@ def test_depthwise_small_images_channels_last_with_numpy(x_shape, w_shape, attrs
     to channels last and back by BLAS's transposing copy (`staged`) or numpy's."""
     monkeypatch.delenv("NNRUN_JIT", raising=False)
     if not staged:
-        monkeypatch.setattr(conv_core.blas, "transpose", lambda dtype: None)
+        monkeypatch.setattr(conv_core.blas, "transpose", lambda dtype, largest=0: None)
     model, x = _conv_activation_model(x_shape, w_shape, attrs, "Relu", True)
     with jit.chosen(False):
         check_model(model, {"x": x})
