@@ -55,7 +55,9 @@ def test_packed_weights_pages_are_released(name):
     resident = sess.graph.source.resident_bytes()
     assert resident is not None
     assert resident < 0.05 * packed, (resident, packed)
-    assert report["weights_released_bytes"] > 0.9 * packed
+    # (packed forms may outgrow the weights they come from: a classifier's head packed transposed
+    # beside every folded convolution's weight; what is released is at most what was mapped)
+    assert report["weights_released_bytes"] > 0.9 * min(packed, report["weights_mapped_bytes"])
 
 
 def test_release_can_be_switched_off():

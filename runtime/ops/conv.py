@@ -89,6 +89,7 @@ class Conv(_ConvBase):
     w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
     step = None       # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
+    w_transposed = None  # a pointwise conv's constant weight (Cin, Cout) where its step is one row (GemmStep)
 
     def prepare(self, x, w, b=None, s=None):
         live = conv_core.live_window(self.window) if w.value is not None else None
@@ -111,14 +112,19 @@ class Conv(_ConvBase):
             self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
         elif live is not None:
             self.w_live = self.pack([1], lambda: np.ascontiguousarray(weight()), form)
+        elif self.step is not None and self.step.row_product():
+            self.w_transposed = self.pack(
+                [1], lambda: np.ascontiguousarray(np.asarray(w.value).reshape(self.step.m, self.step.k).T),
+                "transposed")
         if self.conv_shape is not None:
             return self.plan.scratch() + [(self.conv_shape, x.dtype)]
         return self.plan.scratch()
 
     def run(self, x, w, b=None, s=None, *, outs, scratch=(), stream=None):
         """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
+        weight = self.w_live if self.w_live is not None else self.w_transposed if self.w_transposed is not None else w
         if self.step is not None and stream is None and self.step(
-                x, self.w_live if self.w_live is not None else w, b, outs[0], scratch[0] if scratch else None, s):
+                x, weight, b, outs[0], scratch[0] if scratch else None, s):
             return
         own = scratch[0] if self.plan.scratch_elems else None
         if self.conv_shape is None:
@@ -137,6 +143,8 @@ class Conv(_ConvBase):
             conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation, residual)
         else:
             weight = self.w_shifted if self.w_shifted is not None else self.w_live if self.w_live is not None else w
+            if self.w_transposed is not None:  # the (Cout, Cin) weight as a view of the packed one
+                weight = self.w_transposed.T.reshape(self.plan.c_out, self.plan.c_in, *self.plan.window.kernel)
             conv_core.conv(x, weight, b, out, plan, scratch, activation, stream, residual)
 
     def band_granule(self):

@@ -1,10 +1,12 @@
 """Matrix products: Gemm and MatMul.
 
 Weights are used as they lie in the mapping: a transposed operand is a
-transposed view, which BLAS reads with its transpose flag, so no weight is ever
-packed or copied. The product goes straight into the output; alpha, beta * C
-and a fused activation (`_activation`, see activation.py) are applied to it in
-place.
+transposed view, which BLAS reads with its transpose flag. One exception: a
+Gemm of one row by a constant B stored (N, K) (transB: a classifier's head at
+batch one) of at least 1 MB packs B as (K, N), which BLAS's matrix-vector
+product reads faster from beyond the caches (conv_core.ROW_PRODUCT_MIN). The
+product goes straight into the output; alpha, beta * C and a fused activation
+(`_activation`, see activation.py) are applied to it in place.
 """
 
 import math
@@ -12,7 +14,7 @@ import math
 import numpy as np
 
 from ..errors import ModelError
-from . import blas
+from . import blas, conv_core
 from .activation import apply_activation
 from .elementwise import broadcast_shape, check_same_dtype
 from .registry import Inferred, Kernel, TensorInfo, register
@@ -42,7 +44,13 @@ class Gemm(Kernel):
                              f"to the output's shape {(m, n)}")
         return [TensorInfo((m, n), a.dtype)]
 
+    b_transposed = None  # a constant B stored (N, K) packed as (K, N), for a product of one row
+
     def prepare(self, a, b, c=None):
+        if (self.transB and not self.transA and a.shape[0] == 1 and b.value is not None and b.shape[0] > 1
+                and a.dtype in (np.float32, np.float64)
+                and conv_core.packs_row_product(math.prod(b.shape) * np.dtype(a.dtype).itemsize)):
+            self.b_transposed = self.pack({1}, lambda: np.ascontiguousarray(np.asarray(b.value).T), "transposed")
         # How C reaches the output: added as it lies when beta is 1; otherwise scaled once here
         # when it is a constant (it is usually a bias of N values), else per run into scratch.
         self.bias = None
@@ -63,7 +71,9 @@ class Gemm(Kernel):
         """`stream`, under a memory budget, reads B in blocks of its rows (budget.Blocks): each is
         entered before its product and left after, so only a block or two of B is in memory."""
         y = outs[0]
-        if stream is None:
+        if self.b_transposed is not None:  # packed: B is not an input of the run, nor streamed
+            np.matmul(a, self.b_transposed, out=y)
+        elif stream is None:
             blas.matmul(a.T if self.transA else a, b.T if self.transB else b, y)
         else:
             product_in_blocks(stream, a.T if self.transA else a, b, y, self.transB)

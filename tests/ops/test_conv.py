@@ -1050,3 +1050,46 @@ def test_a_gemm_step_leaves_arrays_it_was_not_made_for_to_conv():
                        [("w", w), ("b", b[::2].copy())])
     kernel.run(np.asfortranarray(x), w, b[::2], outs=(out,), scratch=())
     assert_close(out, run_onnxruntime(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("activation", [None, "Relu", "Sigmoid"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_pointwise_of_one_pixel_reads_its_weight_packed_transposed(activation, bias):
+    """A 1x1 convolution of a 1x1 image (a squeeze-excite block's, a classifier's head) by a weight of
+    1 MB or more: one row by the weight packed (Cin, Cout) at PREPARE (conv_core.ROW_PRODUCT_MIN)."""
+    model, x = _conv_activation_model((1, 384, 1, 1), (720, 384, 1, 1), {}, activation, bias)
+    check_model(model, {"x": x})
+    kernel = nnrun.InferenceSession(model.SerializeToString()).plan().steps[0].kernel
+    assert kernel.step.transposed and kernel.w_transposed.shape == (384, 720)
+    assert kernel.w_transposed.flags.c_contiguous
+
+
+def test_pointwise_of_one_pixel_packed_only_where_it_pays():
+    """Below 1 MB, over more than one pixel, or where the scratch a step may take is lowered (a
+    memory budget) below half the weight: the weight as it lies, the outputs the same."""
+    def packed(x_shape, w_shape):
+        model, x = _conv_activation_model(x_shape, w_shape, {}, "Relu", True)
+        check_model(model, {"x": x})
+        return nnrun.InferenceSession(model.SerializeToString()).plan().steps[0].kernel.w_transposed is not None
+    assert packed((1, 384, 1, 1), (720, 384, 1, 1))
+    assert not packed((1, 256, 1, 1), (512, 256, 1, 1))  # 512 KB
+    assert not packed((1, 384, 2, 1), (720, 384, 1, 1))  # two pixels: a GEMM
+    with conv_core.scratch_limit(512 << 10):
+        assert not packed((1, 384, 1, 1), (720, 384, 1, 1))
+
+
+def test_pointwise_of_one_pixel_packed_under_a_memory_budget_and_in_bands():
+    """The packed weight serves the convolution whatever path runs it: whole, or under a memory
+    budget that bands the step's rows (the weight then read as a view of the packed one)."""
+    model, x = _conv_activation_model((1, 384, 1, 1), (720, 384, 1, 1), {}, "Relu", True)
+    expected = run_onnxruntime(model, {"x": x})[0]
+    session = nnrun.InferenceSession(model.SerializeToString())
+    kernel = session.plan().steps[0].kernel
+    assert kernel.w_transposed is not None
+    out = np.empty((1, 720, 1, 1), np.float32)
+    kernel._conv(x, None, _data((720,), 2), out, kernel.plan, None)  # the path a band or a fallback takes
+    assert_close(out, expected, rtol=1e-4)
+    options = nnrun.SessionOptions()
+    options.memory_budget = "16M"
+    assert_close(nnrun.InferenceSession(model.SerializeToString(), options).run(None, {"x": x})[0], expected,
+                 rtol=1e-4)

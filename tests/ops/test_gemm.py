@@ -191,3 +191,33 @@ def test_gemm_reused_after_prepare_with_constant_c():
     k.run(a, b, None, outs=(out,), scratch=())
     (expected,) = run_onnxruntime(model, {"a": a})
     assert_close(out, expected)
+
+
+def _gemm_session(a, w, bias, attrs=None):
+    model = make_model([helper.make_node("Gemm", ["a", "w", "bias"], ["y"], transB=1, **(attrs or {}))],
+                       [("a", a)], [("y", None)], [("w", w), ("bias", bias)])
+    import nnrun
+    return model, nnrun.InferenceSession(model.SerializeToString())
+
+
+@pytest.mark.parametrize("attrs", [{}, {"alpha": 0.5, "beta": 2.0}], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_of_one_row_reads_its_weight_packed_transposed(attrs, dtype):
+    """A classifier's head at batch one, B stored (N, K) and of 1 MB or more: one row by B packed
+    (K, N) at PREPARE (conv_core.ROW_PRODUCT_MIN), against onnxruntime."""
+    a, w, bias = data((1, 640), dtype), data((500, 640), dtype, 1), data((500,), dtype, 2)
+    model, session = _gemm_session(a, w, bias, attrs)
+    (expected,) = run_onnxruntime(model, {"a": a})
+    assert_close(session.run(None, {"a": a})[0], expected, rtol=1e-4)
+    kernel = session.plan().steps[0].kernel
+    assert kernel.b_transposed.shape == (640, 500) and kernel.b_transposed.flags.c_contiguous
+
+
+def test_gemm_packed_transposed_only_for_one_row_of_a_large_weight():
+    """Two rows, a weight below 1 MB, or B not transposed: the weight as it lies."""
+    for a, w in [(data((2, 640)), data((500, 640), seed=1)), (data((1, 256)), data((500, 256), seed=1))]:
+        model, session = _gemm_session(a, w, data((500,), seed=2))
+        (expected,) = run_onnxruntime(model, {"a": a})
+        assert_close(session.run(None, {"a": a})[0], expected, rtol=1e-4)
+        assert session.plan().steps[0].kernel.b_transposed is None
+    check_node("Gemm", [("a", data((1, 640)))], initializers=[("w", data((640, 500), seed=1))], opset=13)
