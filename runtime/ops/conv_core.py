@@ -70,6 +70,8 @@ def scratch_limit(nbytes):
         yield
     finally:
         _SCRATCH_LIMIT.reset(token)
+
+
 def step_scratch_limit():
     """The scratch a step planned now may take (SCRATCH_LIMIT, or less under a memory budget)."""
     return _SCRATCH_LIMIT.get()
