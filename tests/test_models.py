@@ -55,9 +55,7 @@ def test_packed_weights_pages_are_released(name):
     resident = sess.graph.source.resident_bytes()
     assert resident is not None
     assert resident < 0.05 * packed, (resident, packed)
-    # (packed forms may outgrow the weights they come from: a classifier's head packed transposed
-    # beside every folded convolution's weight; what is released is at most what was mapped)
-    assert report["weights_released_bytes"] > 0.9 * min(packed, report["weights_mapped_bytes"])
+    assert report["weights_released_bytes"] > 0.9 * packed
 
 
 def test_release_can_be_switched_off():
@@ -95,7 +93,9 @@ def test_aligned_external_weights_are_used_as_they_lie():
     assert plan["weights_mapped_bytes"] > 500e6
     assert plan["weights_packed_bytes"] == sum(k.w_shifted.nbytes for k in shifted) < 2e6
     assert plan["weights_anonymous_bytes"] == 0
-    assert plan["weights_released_bytes"] == 0
+    # the three packed originals' pages are handed back (no step reads them as they lie), less the
+    # pages they share with the weights beside them in the file
+    assert 0.95 * plan["weights_packed_bytes"] <= plan["weights_released_bytes"] <= plan["weights_packed_bytes"]
     # and PREPARE read none of them (the subnormals' sample is read from the file, not the mapping)
     data = {w.source for w in sess.graph.initializers.values() if isinstance(w, ExternalData)}
     assert len(data) == 1 and data.pop().resident_bytes() < 0.01 * plan["weights_mapped_bytes"]

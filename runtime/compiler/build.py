@@ -561,10 +561,12 @@ def build_plan(prepared, buffers, placement, context):
         for name, (shape, dtype) in zip(scratch, prepared.steps[pos].scratch):
             arena.append(ArenaSlot(slot(name), placement.offsets[name], shape, dtype))
 
-    # The constants some step reads (packed ones too), aligned where the file left them unaligned;
-    # the weights whose mapped bytes they still view are the ones the plan keeps mapped.
+    # The constants some step reads at run time, aligned where the file left them unaligned (one a
+    # kernel packed is read by it no more: an aligned copy of it would be held for nothing); the
+    # weights whose mapped bytes they still view are the ones the plan keeps mapped.
     const_values, kept = {}, {}
-    for n in dict.fromkeys(n for step in prepared.steps for n in step.node.inputs):
+    for n in dict.fromkeys(n for step in prepared.steps for k, n in enumerate(step.node.inputs)
+                           if k not in step.kernel.packed):
         if n in constants:
             weight = infos[n].weight
             const_values[n], copied = _aligned(constants[n], weight, context.release, context.packer)
@@ -584,7 +586,7 @@ def build_plan(prepared, buffers, placement, context):
         if kind is None:
             if name in feed_slots:
                 kind = FEED
-            elif name in const_values:
+            elif name in constants:
                 kind = CONSTANT
             elif name in buffers.dynamic:
                 kind = EAGER
@@ -608,7 +610,7 @@ def build_plan(prepared, buffers, placement, context):
         input_values = tuple(value_slot(n) if n else None for n in node.inputs)
         output_values = tuple(value_slot(n) if n else None for n in node.outputs)
         weights = tuple(_weight_read(n, k, kernel, infos, kept) for k, n in enumerate(node.inputs)
-                        if n and n in const_values)
+                        if n and (n in const_values or k in kernel.packed and n in constants))
         common = dict(input_values=input_values, output_values=output_values, weights=weights)
         if step.outputs is None:
             steps.append(PlannedStep(node.index, node, kernel, ins, outs, eager=True, **common))

@@ -221,3 +221,22 @@ def test_gemm_packed_transposed_only_for_one_row_of_a_large_weight():
         assert_close(session.run(None, {"a": a})[0], expected, rtol=1e-4)
         assert session.plan().steps[0].kernel.b_transposed is None
     check_node("Gemm", [("a", data((1, 640)))], initializers=[("w", data((640, 500), seed=1))], opset=13)
+
+
+def test_gemm_packed_weight_is_not_also_held_aligned():
+    """A weight a kernel packed is read by no step as it lies: the plan holds no aligned copy of it
+    beside the packed one, wherever the file left it (an embedded payload, unaligned)."""
+    import nnrun
+    a, w, bias = data((1, 640)), data((500, 640), seed=1), data((500,), seed=2)
+    model = make_model([helper.make_node("Gemm", ["a", "w", "bias"], ["y"], transB=1)], [("a", a)], [("y", None)],
+                       [("w", w), ("bias", bias)])
+    options = nnrun.SessionOptions()
+    options.weight_cache_dir = None
+    session = nnrun.InferenceSession(model.SerializeToString(), options)
+    (expected,) = run_onnxruntime(model, {"a": a})
+    assert_close(session.run(None, {"a": a})[0], expected, rtol=1e-4)
+    plan = session.plan()
+    assert plan.steps[0].kernel.b_transposed is not None
+    assert not any(getattr(v, "shape", None) == (500, 640) for v in plan.constants.values())
+    assert [r.where for r in plan.steps[0].weights][0] == "packed"
+    assert session.report()["plan"]["weights_packed_bytes"] < w.nbytes + 4096
