@@ -19,6 +19,7 @@ import warnings
 from .compiler.build import CompileOptions
 from .compiler.weight_cache import default_directory as default_cache_directory
 from .errors import InputError, UnsupportedFeatureError
+from .threads import kernel_threads
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -178,6 +179,7 @@ class SessionOptions:
         return CompileOptions(set(self.disabled_passes) | _LEFT_OUT[level], self.order_search_seconds,
                               memory_budget, memory_budget_auto, max_tensor_bytes=max_tensor_bytes,
                               compiled_kernels=self.compiled_kernels,
+                              kernel_threads=kernel_threads(self.intra_op_num_threads),
                               fold_constants=self.fold_constants, fold_batchnorm=self.fold_batchnorm,
                               fuse_activations=self.fuse_activations,
                               memory_aware_order=self.memory_aware_order,

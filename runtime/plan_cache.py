@@ -35,7 +35,8 @@ class PlanCache:
         self.body_options = CompileOptions(options.disabled_passes | {"release_weights"},
                                            options.order_search_seconds,
                                            max_tensor_bytes=options.max_tensor_bytes,
-                                           compiled_kernels=options.compiled_kernels)
+                                           compiled_kernels=options.compiled_kernels,
+                                           kernel_threads=options.kernel_threads)
         self._executors = {}
         self._graphs = {}  # id -> graph: keeps each keyed graph alive, so its id is never reused
         self._lock = threading.RLock()

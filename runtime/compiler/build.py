@@ -25,7 +25,7 @@ from ..errors import ModelError, UnsupportedOperatorError, raise_located
 from ..ir import Graph
 from ..memory_limit import anonymous_bytes
 from ..onnx_types import type_name
-from ..ops import jit
+from ..ops import jit, parallel
 from ..ops.conv_core import scratch_limit
 from ..ops.registry import NeedsValueError, NoElements, TensorInfo, inputs_digest, instantiate, node_digest
 from ..weights import ExternalData, is_anonymous, weight_array
@@ -55,7 +55,7 @@ class CompileOptions:
     """Which passes to skip (by name, see passes.PASSES); the five switches of old are names too."""
 
     def __init__(self, disabled_passes=(), order_search_seconds=1.0, memory_budget=None, memory_budget_auto=None,
-                 max_tensor_bytes=None, compiled_kernels=None, **switches):
+                 max_tensor_bytes=None, compiled_kernels=None, kernel_threads=1, **switches):
         disabled = set(disabled_passes)
         for name, on in switches.items():
             if not on:
@@ -74,6 +74,9 @@ class CompileOptions:
         self.max_tensor_bytes = max_tensor_bytes
         # Whether kernels may be compiled by numba (ops/jit.py); None: as NNRUN_JIT says.
         self.compiled_kernels = compiled_kernels
+        # The threads of the kernels' pool the plan runs on (threads.kernel_threads): kernels that
+        # serve one thread better than the pool's split choose by it (ops/parallel.planned_threads).
+        self.kernel_threads = kernel_threads
 
     def __repr__(self):
         return (f"CompileOptions(disabled_passes={sorted(self.disabled_passes)}, "
@@ -103,7 +106,7 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     which is in force for the shape rules and kernels while the graph is planned.
     """
     limit = size_limit.current() if options.max_tensor_bytes is None else options.max_tensor_bytes
-    with size_limit.in_force(limit), jit.chosen(options.compiled_kernels):
+    with size_limit.in_force(limit), jit.chosen(options.compiled_kernels), parallel.planned(options.kernel_threads):
         if options.memory_budget is None:
             return _compile_graph(graph, feeds, options, constants, planner, packer, limit)
         with scratch_limit(max(SCRATCH_FLOOR, options.memory_budget // 16)):

@@ -65,7 +65,7 @@ class Transpose:
         self._function, self.limit = function, limit
 
     def rows(self, m, n, a, b):
-        self._function(ROW_MAJOR, TRANS, m, n, 1.0, _address(a), n, _address(b), m)
+        self._function(ROW_MAJOR, TRANS, m, n, 1.0, address(a), n, address(b), m)
 
 
 class Gemm:
@@ -120,8 +120,8 @@ class Gemm:
         """c (m, n) = a (m, k) @ b (k, n), all three C-contiguous of this dtype, m and n above 1,
         each dimension within `limit`: unchecked, the caller has made sure (conv_core.GemmStep at
         PREPARE and on each call), so a product costs the library's call and nothing else."""
-        self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, _address(a), k, _address(b), n, 0.0,
-                       _address(c), n)
+        self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, address(a), k, address(b), n, 0.0,
+                       address(c), n)
 
     def takes(self, a, b, c):
         """Whether `self(a, b, c)` computes c = a @ b as the operands lie (not an empty product)."""
@@ -161,15 +161,15 @@ class Gemm:
         item = self.dtype.itemsize
         if self._gemv is not None and n == 1:  # c's column = a @ b's column
             stored = (m, k) if trans_a == NO_TRANS else (k, m)
-            self._gemv(ROW_MAJOR, trans_a, *stored, 1.0, _address(a), lda, _address(b), b.strides[0] // item,
-                       beta, _address(c), c.strides[0] // item)
+            self._gemv(ROW_MAJOR, trans_a, *stored, 1.0, address(a), lda, address(b), b.strides[0] // item,
+                       beta, address(c), c.strides[0] // item)
         elif self._gemv is not None and m == 1:  # c's row = b^T @ a's row
             stored = (k, n) if trans_b == NO_TRANS else (n, k)
-            self._gemv(ROW_MAJOR, TRANS if trans_b == NO_TRANS else NO_TRANS, *stored, 1.0, _address(b), ldb,
-                       _address(a), a.strides[1] // item, beta, _address(c), c.strides[1] // item)
+            self._gemv(ROW_MAJOR, TRANS if trans_b == NO_TRANS else NO_TRANS, *stored, 1.0, address(b), ldb,
+                       address(a), a.strides[1] // item, beta, address(c), c.strides[1] // item)
         else:
-            self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, _address(a), lda, _address(b), ldb,
-                           beta, _address(c), ldc)
+            self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, address(a), lda, address(b), ldb,
+                           beta, address(c), ldc)
 
 
 def _layout(matrix, item):
@@ -202,7 +202,7 @@ def _data_field():
     return address
 
 
-_address = _data_field()
+address = _data_field()
 
 
 def matmul(a, b, out):

@@ -90,6 +90,7 @@ class Conv(_ConvBase):
     step = None       # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
     w_transposed = None  # a pointwise conv's constant weight (Cin, Cout) where its step is one row (GemmStep)
+    w_tiles = None    # a pointwise conv's constant weight in the compiled product's tiles (GemmStep.packs_tiles)
 
     def prepare(self, x, w, b=None, s=None):
         live = conv_core.live_window(self.window) if w.value is not None else None
@@ -116,13 +117,17 @@ class Conv(_ConvBase):
             self.w_transposed = self.pack(
                 [1], lambda: np.ascontiguousarray(np.asarray(w.value).reshape(self.step.m, self.step.k).T),
                 "transposed")
+        elif self.step is not None and self.step.packs_tiles():
+            step = self.step
+            self.w_tiles = self.pack([1], lambda: step.tiled.pack(np.asarray(w.value), step.m, step.k), "tiles")
         if self.conv_shape is not None:
             return self.plan.scratch() + [(self.conv_shape, x.dtype)]
         return self.plan.scratch()
 
     def run(self, x, w, b=None, s=None, *, outs, scratch=(), stream=None):
         """`stream`, under a memory budget, reads W in blocks of its output channels (budget.Blocks)."""
-        weight = self.w_live if self.w_live is not None else self.w_transposed if self.w_transposed is not None else w
+        weight = self.w_live if self.w_live is not None else self.w_transposed if self.w_transposed is not None \
+            else self.w_tiles if self.w_tiles is not None else w
         if self.step is not None and stream is None and self.step(
                 x, weight, b, outs[0], scratch[0] if scratch else None, s):
             return
@@ -141,6 +146,8 @@ class Conv(_ConvBase):
         activation = self.activation if activation is ... else activation
         if self.w_taps is not None:
             conv_core.depthwise_conv(x, self.w_taps, b, out, plan, scratch, activation, residual)
+        elif self.w_tiles is not None:  # a pointwise convolution: any band of rows, any batch
+            conv_core.tiled_pointwise(self.step.tiled, x, self.w_tiles, b, out, activation, residual)
         else:
             weight = self.w_shifted if self.w_shifted is not None else self.w_live if self.w_live is not None else w
             if self.w_transposed is not None:  # the (Cout, Cin) weight as a view of the packed one

@@ -1003,7 +1003,7 @@ class GemmStep:
     their columns, product and bias and ReLU 3-4 us faster than through `conv`."""
 
     __slots__ = ("m", "k", "n", "dtype", "epilogue", "activation", "mode", "direct", "windows", "cols_shape",
-                 "transposed")
+                 "transposed", "tiled", "zeros")
 
     @staticmethod
     def serves(plan):
@@ -1030,6 +1030,9 @@ class GemmStep:
         # A pointwise convolution of one pixel whose weight the caller packs (K, M) (`row_product`):
         # the product is then x (1, K) @ that, a row (see ROW_PRODUCT_MIN).
         self.transposed = False
+        # The compiled product (jit.tiled_product_kernel) where the caller packs the weight in its
+        # tiles (`packs_tiles`); zeros for its bias where the node has none.
+        self.tiled, self.zeros = None, None
 
     def row_product(self):
         """Whether the weight is best packed (K, M), transposed (see ROW_PRODUCT_MIN); from then on
@@ -1037,6 +1040,17 @@ class GemmStep:
         self.transposed = (self.windows is None and self.n == 1 and self.m > 1
                            and packs_row_product(self.m * self.k * self.dtype.itemsize))
         return self.transposed
+
+    def packs_tiles(self):
+        """Whether the weight is best packed in the compiled product's tiles (see TILED_MIN); from
+        then on the step takes it so (and `tiled` is the kernel)."""
+        if (self.windows is None and not self.transposed and self.n >= TILED_COLUMNS and self.k <= TILED_DEPTH
+                and self.m * self.k * self.n >= TILED_MIN and parallel.planned_threads() == 1
+                and self.m * self.k * self.dtype.itemsize <= 2 * step_scratch_limit()):
+            self.tiled = jit.tiled_product_kernel(self.dtype)
+        if self.tiled is not None:
+            self.zeros = np.zeros(self.m, self.dtype)
+        return self.tiled is not None
 
     def __call__(self, x, w, bias, out, scratch=None, residual=None):
         m, k, n = self.m, self.k, self.n
@@ -1047,6 +1061,10 @@ class GemmStep:
             return False
         if bias is not None and not bias.flags.c_contiguous:
             return False
+        if self.tiled is not None:
+            tiled_product(self.tiled, w, x.reshape(k, n), bias if bias is not None else self.zeros,
+                          out.reshape(m, n), self.activation, residual.reshape(m, n) if residual is not None else None)
+            return True
         if self.windows is not None:
             size = k * n
             if scratch is None or scratch.size < size:
@@ -1080,6 +1098,66 @@ class GemmStep:
         else:
             _bias_activation(out, bias, self.activation, CHANNELS_FIRST, epilogue=self.epilogue, residual=residual)
         return True
+
+
+# The compiled product by a weight packed in its tiles (_jit_gemm), for a pointwise convolution of
+# one image: from TILED_MIN multiply-adds (below it numpy's matmul and bias cost less than the
+# call), TILED_COLUMNS pixels (a vector's; one pixel is a row product) and K up to TILED_DEPTH
+# (its sums run over all of K; X's rows for a tile's columns then stay in L2). The weight is packed
+# up to twice the scratch a step may take, as a row product's. Plans for one thread only: on two,
+# OpenBLAS splits the product on its own spinning threads, where handing a share to the kernels'
+# pool costs ~60 us (256 x 256 x 196, 240 us on one thread: 215 us in two shares, 165 us by
+# numpy's OpenBLAS on two).
+TILED_MIN = 1 << 16
+TILED_COLUMNS = 8
+TILED_DEPTH = 1024
+
+
+def tiled_product(kernel, w_tiles, x, bias, out, activation, residual=None):
+    """out (M, N) = the activation of w @ x (K, N) + bias + residual, by the compiled product
+    (jit.tiled_product_kernel), `w_tiles` packed by its `pack`; x, out and residual each with
+    contiguous rows (a band of an image's rows is one), residual's as far apart as out's (else it
+    is added after), the bias contiguous. On the calling thread (see TILED_MIN)."""
+    m, n = out.shape
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
+    late = residual is not None and residual.strides != out.strides
+    if late:
+        mode, p0, p1, after = jit.activation_mode(None, out.dtype)
+    has_residual = residual is not None and not late
+    address = blas.address
+    kernel.product(address(w_tiles), address(x), x.strides[0] // x.itemsize, x.shape[0], address(bias), out,
+                   address(residual if has_residual else out), has_residual, mode, p0, p1, 0, -(-m // kernel.MR), 0,
+                   n, np.empty(kernel.TAIL_SCRATCH if n % kernel.LANES else 1, out.dtype))
+    if late:
+        np.add(out, residual, out=out)
+        after = activation
+    if after is not None:
+        apply_activation(out, after)
+
+
+def tiled_pointwise(kernel, x, w_tiles, bias, out, activation, residual=None):
+    """A pointwise convolution (N, Cin, ...) -> (N, Cout, ...) by `tiled_product`, image by image,
+    for arrays a GemmStep does not take as planned (a band of rows, a strided input)."""
+    c_in, c_out = x.shape[1], out.shape[1]
+    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, out.dtype)
+    for i in range(out.shape[0]):
+        x_i = _matrix(x[i], c_in)
+        x_i = x_i if x_i is not None else np.ascontiguousarray(x[i]).reshape(c_in, -1)
+        r_i = residual[i].reshape(c_out, -1) if residual is not None else None
+        out_i = _matrix(out[i], c_out)
+        target = out_i if out_i is not None else np.empty((c_out, x_i.shape[1]), out.dtype)
+        tiled_product(kernel, w_tiles, x_i, bias, target, activation, r_i)
+        if out_i is None:
+            out[i] = target.reshape(out[i].shape)
+
+
+def _matrix(a, rows):
+    """a (rows, ...) as a (rows, -1) view whose rows are contiguous, or None where it is not one."""
+    try:
+        m = a.reshape(rows, -1, copy=False)
+    except ValueError:
+        return None
+    return m if m.strides[-1] == a.itemsize or m.shape[-1] <= 1 else None
 
 
 def _bias_activation(out, bias, activation, layout, batched=True, epilogue=None, residual=None):

@@ -3,8 +3,11 @@ place that decides whether they are used.
 
 numpy and BLAS are nnrun's kernel language; numba serves what numpy runs far below the machine's
 speed because it takes many short passes where one would do: depthwise convolution (two passes
-per tap, or rows too short to vectorise: _jit_depthwise.py) and a convolution's bias and
-activation (HardSwish is five passes over the output: _jit_activation.py).
+per tap, or rows too short to vectorise: _jit_depthwise.py), a convolution's bias and
+activation (HardSwish is five passes over the output: _jit_activation.py), and a pointwise
+convolution's product by its weight packed at PREPARE, with the bias and activation in the same
+call (BLAS packs the weight again on every call, and runs narrow products below its speed:
+_jit_gemm.py).
 
 They are opt-in, per session (`SessionOptions.compiled_kernels = True`, `nnrun --jit`) or per
 process (`NNRUN_JIT=1`), because numba costs what nnrun exists to save: loading it and the kernel
@@ -134,6 +137,29 @@ def epilogue_kernel(dtype):
     return _kernel("epilogue", dtype)
 
 
+def tiled_product_kernel(dtype):
+    """The compiled product by a packed weight (the module _jit_gemm: `pack`, `product` and its
+    constants) for float32, as depthwise_kernel; None for other types and, on x86, where the
+    machine has no AVX2 and FMA (LLVM would make its vector fused multiply-adds calls to a library
+    function, slower than BLAS)."""
+    if np.dtype(dtype) != np.float32 or not _vector_fma():
+        return None
+    return _kernel("tiled_product", dtype)
+
+
+def _vector_fma():
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return True  # aarch64 and the others numba targets have fused multiply-add in their vectors
+    try:
+        from llvmlite import binding
+        features = binding.get_host_cpu_features().flatten().split(",")
+    except Exception:  # noqa: BLE001 - no llvmlite (no numba): _kernel reports it
+        return True
+    return "+avx2" in features and "+fma" in features
+
+
 def elementwise_kernel(name):
     """A compiled float32 elementwise kernel of _jit_activation ("erf", "gelu"), as depthwise_kernel."""
     return _kernel(name, np.float32)
@@ -255,6 +281,24 @@ def _check_epilogue(dtype):
     return bias_activation
 
 
+def _check_tiled_product(dtype):
+    from . import _jit_gemm as kernel
+
+    # 9 x 2 @ 2 x 9 (a full vector of columns and a tail of one) plus a bias, ReLU.
+    w = np.arange(18, dtype=dtype).reshape(9, 2) - 4
+    x = np.ones((2, 9), dtype)
+    x[1] = 2
+    out = np.empty((9, 9), dtype)
+    lo, hi = dtype.type(0), dtype.type(np.inf)
+    packed, bias = kernel.pack(w, 9, 2), np.ones(9, dtype)
+    kernel.product(packed.ctypes.data, x.ctypes.data, 9, 2, bias.ctypes.data, out, out.ctypes.data, False, CLAMP,
+                   lo, hi, 0, 3, 0, 9, np.empty(kernel.TAIL_SCRATCH, dtype))
+    wanted = np.maximum(w @ x + 1, 0)
+    _expect("product by a packed weight", tuple(out[:, 0]) + tuple(out[:, 8]),
+            tuple(wanted[:, 0]) + tuple(wanted[:, 8]))
+    return kernel
+
+
 def _check_elementwise(name):
     def check(dtype):
         from . import _jit_activation
@@ -275,7 +319,8 @@ def _expect(what, got, wanted):
 _SELF_CHECKS = {"depthwise": _check_depthwise, "depthwise_channels_last": _check_depthwise_channels_last,
                 "depthwise_nhwc": _check_depthwise_nhwc, "max_pool": _check_max_pool,
                 "few_channels": _check_few_channels,
-                "epilogue": _check_epilogue, "erf": _check_elementwise("erf"), "gelu": _check_elementwise("gelu")}
+                "epilogue": _check_epilogue, "tiled_product": _check_tiled_product,
+                "erf": _check_elementwise("erf"), "gelu": _check_elementwise("gelu")}
 
 
 def unavailable_reason():

@@ -12,6 +12,7 @@ The pool a run uses is set by the session around the run (`enter`, `leave`), in 
 variable, so sessions of different sizes may run at once in different threads.
 """
 
+import contextlib
 import contextvars
 import functools
 import itertools
@@ -184,6 +185,24 @@ def enter(a_pool):
 
 def leave(token):
     _CURRENT.reset(token)
+
+
+_PLANNED = contextvars.ContextVar("nnrun_planned_threads", default=1)
+
+
+@contextlib.contextmanager
+def planned(threads):
+    """Plans made inside are for runs on a pool of `threads` (compile_graph: the session's)."""
+    token = _PLANNED.set(max(1, threads))
+    try:
+        yield
+    finally:
+        _PLANNED.reset(token)
+
+
+def planned_threads():
+    """The threads of the pool the plan being made runs on (1 outside PREPARE)."""
+    return _PLANNED.get()
 
 
 def ranges(total, parts):

@@ -1093,3 +1093,147 @@ def test_pointwise_of_one_pixel_packed_under_a_memory_budget_and_in_bands():
     options.memory_budget = "16M"
     assert_close(nnrun.InferenceSession(model.SerializeToString(), options).run(None, {"x": x})[0], expected,
                  rtol=1e-4)
+
+
+def _tiled_session(model, threads=1, **options):
+    so = nnrun.SessionOptions()
+    so.compiled_kernels = True
+    so.intra_op_num_threads = threads
+    for name, value in options.items():
+        setattr(so, name, value)
+    return nnrun.InferenceSession(model.SerializeToString(), so)
+
+
+@needs_numba
+@pytest.mark.parametrize("x_shape, c_out", [
+    ((1, 16, 8, 12), 24),     # two whole tiles of columns
+    ((1, 3, 7, 7), 37),       # 48 + 1 column: the tail; rows not a multiple of the tile's
+    ((1, 32, 14, 14), 64),    # four tiles of columns and four left over
+    ((1, 24, 5, 9), 33),      # five vectors of columns, no whole tile; 33 rows: 9 tiles, two tails' worth
+    ((1, 64, 3, 5), 130),     # one vector of columns and seven left over
+    ((1, 1024, 2, 6), 8),     # the deepest K taken, a vector and four left over
+    ((1, 9, 100), 300),       # 1-D
+])
+@pytest.mark.parametrize("activation", [None, "Relu", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_pointwise_products_by_the_compiled_kernel(x_shape, c_out, activation, bias, monkeypatch):
+    """With compiled kernels on one thread a pointwise convolution's weight is packed in the compiled
+    product's tiles (conv_core.TILED_MIN) and the product, bias and activation run in one call, as
+    onnxruntime computes Conv and the activation: every kind of column tail and row count."""
+    monkeypatch.setattr(conv_core, "TILED_MIN", 0)
+    model, x = _conv_activation_model(x_shape, (c_out, x_shape[1]) + (1,) * (len(x_shape) - 2), {}, activation,
+                                      bias)
+    session = _tiled_session(model)
+    kernel = session.plan().steps[0].kernel
+    assert kernel.w_tiles is not None and kernel.step.tiled is not None
+    assert_close(session.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-4)
+
+
+@needs_numba
+@pytest.mark.parametrize("activation", [None, "Relu", "Clip"])
+def test_pointwise_products_by_the_compiled_kernel_add_a_residual(activation, monkeypatch):
+    """Conv, Add and the activation fused into the compiled product (the residual added in its
+    epilogue, the activation after it); a residual the output broadcasts up to is added after a
+    convolution that is no GemmStep (no tiles)."""
+    monkeypatch.setattr(conv_core, "TILED_MIN", 0)
+    x, w, b = _data((1, 40, 7, 9)), _data((52, 40, 1, 1), 1), _data((52,), 2)
+    for r_shape in ((1, 52, 7, 9), (2, 52, 7, 9)):
+        r = _data(r_shape, 3)
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Add", ["c", "r"], ["s"])]
+        last = "s"
+        if activation == "Clip":
+            nodes.append(helper.make_node("Clip", ["s", "lo", "hi"], ["y"]))
+        elif activation:
+            nodes.append(helper.make_node(activation, ["s"], ["y"]))
+        last = "y" if activation else "s"
+        inits = [("w", w), ("b", b)] + ([("lo", np.float32(-0.5)), ("hi", np.float32(0.75))] if activation == "Clip"
+                                        else [])
+        model = make_model(nodes, [("x", x), ("r", r)], [(last, None)], inits)
+        session = _tiled_session(model)
+        conv = next(s.kernel for s in session.plan().steps if isinstance(s.kernel, Conv))
+        assert conv.residual and (conv.w_tiles is not None) == (r_shape[0] == 1)
+        assert_close(session.run(None, {"x": x, "r": r})[0], run_onnxruntime(model, {"x": x, "r": r})[0],
+                     rtol=1e-4, atol=1e-5)
+
+
+@needs_numba
+def test_pointwise_tiles_serve_bands_views_and_a_memory_budget(monkeypatch):
+    """The packed weight serves the convolution whatever path runs it: the step as planned; the path
+    a band or a fallback takes (`_conv`: an input whose rows lie apart, an output that is not a
+    matrix); a session under a memory budget that runs the step in bands of rows."""
+    model, x = _conv_activation_model((1, 48, 40, 30), (72, 48, 1, 1), {}, "HardSwish", True)
+    expected = run_onnxruntime(model, {"x": x})[0]
+    session = _tiled_session(model)
+    kernel = session.plan().steps[0].kernel
+    assert kernel.w_tiles is not None
+    b = _data((72,), 2)
+    wide = np.zeros((1, 48, 40, 31), np.float32)
+    wide[..., :30] = x
+    out = np.full((1, 72, 40, 30), np.nan, np.float32)
+    kernel._conv(wide[..., :30], None, b, out, kernel.plan, None)  # rows of the input 31 apart
+    assert_close(out, expected, rtol=1e-4)
+    band = np.full((1, 72, 40, 30), np.nan, np.float32)
+    kernel._conv(x[:, :, 10:25], None, b, band[:, :, 10:25], kernel.plan, None)  # a band of rows
+    assert_close(band[:, :, 10:25], expected[:, :, 10:25], rtol=1e-4)
+    assert np.isnan(band[:, :, :10]).all() and np.isnan(band[:, :, 25:]).all()
+    strided = np.full((1, 72, 40, 60), np.nan, np.float32)
+    kernel._conv(x, None, b, strided[..., ::2], kernel.plan, None)  # an output that is not a matrix
+    assert_close(strided[..., ::2], expected, rtol=1e-4)
+    budgeted = _tiled_session(model, memory_budget="1M")
+    assert budgeted.plan().steps[0].kernel.w_tiles is not None
+    assert_close(budgeted.run(None, {"x": x})[0], expected, rtol=1e-4)
+
+
+@needs_numba
+def test_pointwise_tiles_only_where_they_pay(monkeypatch):
+    """Tiles for a product of TILED_MIN multiply-adds or more, on one thread (on two, OpenBLAS's own
+    split serves), of TILED_COLUMNS pixels and more, K up to TILED_DEPTH, a weight up to twice the
+    scratch a step may take, and only with compiled kernels; elsewhere the weight as it lies."""
+    def tiled(x_shape, c_out, threads=1, compiled=True):
+        model, x = _conv_activation_model(x_shape, (c_out, x_shape[1], 1, 1), {}, "Relu", True)
+        session = _tiled_session(model, threads, compiled_kernels=compiled)
+        assert_close(session.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-4)
+        return session.plan().steps[0].kernel.w_tiles is not None
+    assert tiled((1, 64, 16, 16), 64)  # 1M multiply-adds
+    assert not tiled((1, 64, 16, 16), 64, threads=2)
+    assert not tiled((1, 64, 16, 16), 64, compiled=False)
+    assert not tiled((1, 16, 8, 8), 16)  # 16K multiply-adds: numpy's matmul
+    assert not tiled((1, 1056, 2, 4), 64)  # K beyond TILED_DEPTH
+    assert not tiled((1, 512, 1, 4), 512)  # four pixels: fewer than a vector's columns
+    with conv_core.scratch_limit(256 << 10):  # a weight of 1 MB beyond twice the scratch a step may take
+        assert not tiled((1, 512, 4, 4), 512)
+    assert tiled((1, 512, 4, 4), 512)
+
+
+@needs_numba
+def test_no_tiles_where_the_machine_lacks_vector_fused_multiply_add(monkeypatch):
+    """On an x86 machine without AVX2 and FMA the compiled product is not used (LLVM would call a
+    library function for each fused multiply-add): the weight as it lies, the output the same."""
+    monkeypatch.setattr(jit, "_vector_fma", lambda: False)
+    model, x = _conv_activation_model((1, 64, 16, 16), (64, 64, 1, 1), {}, "Relu", True)
+    session = _tiled_session(model)
+    assert session.plan().steps[0].kernel.w_tiles is None
+    assert_close(session.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-4)
+
+
+@needs_numba
+@pytest.mark.parametrize("rows, columns", [((0, 8), (0, 53)), ((8, 16), (0, 53)), ((0, 16), (16, 53)),
+                                           ((8, 16), (8, 40)), ((0, 16), (0, 0))])
+def test_the_compiled_product_writes_only_its_rows_and_columns(rows, columns):
+    """`product` over tiles [t0, t1) and columns [c0, c1) of a 61 x 53 output writes those and
+    nothing else, W @ X + bias as onnx's reference Gemm computes it."""
+    with jit.chosen(True):
+        kernel = jit.tiled_product_kernel(np.float32)
+    w, x, b = _data((61, 30), 1), _data((30, 53), 2), _data((61, 1), 3)
+    model = make_model([helper.make_node("Gemm", ["w", "x", "b"], ["y"])], [("w", w), ("x", x), ("b", b)],
+                       [("y", None)])
+    expected = run_reference(model, {"w": w, "x": x, "b": b})[0]
+    packed, out = kernel.pack(w, 61, 30), np.full((61, 53), np.nan, np.float32)
+    lo, hi = np.float32(-np.inf), np.float32(np.inf)
+    kernel.product(packed.ctypes.data, x.ctypes.data, 53, 30, b.ctypes.data, out, out.ctypes.data, False, jit.CLAMP,
+                   lo, hi, *rows, *columns, np.empty(kernel.TAIL_SCRATCH, np.float32))
+    r0, r1 = rows[0] * kernel.MR, min(61, rows[1] * kernel.MR)
+    written = np.zeros(out.shape, bool)
+    written[r0:r1, columns[0]:columns[1]] = True
+    assert_close(out[written], expected[written], rtol=1e-4)
+    assert np.isnan(out[~written]).all()

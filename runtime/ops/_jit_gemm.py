@@ -1,0 +1,297 @@
+"""A convolution's product by its constant weight, compiled (the `jit` extra): out (M, N) =
+W (M, K) @ X (K, N), then the bias, a residual and the activation, in one call.
+
+BLAS packs both operands on every call: the weight (M x K, read once from beyond the caches each
+run) and the image's columns. On the narrow products of mobile networks (K of 16 to 960, N of 49
+to 12,544) OpenBLAS runs at 65-90 GFLOP/s hot on a Zen 4 core and far slower with the weight cold,
+as it is in a model. Here the weight is packed once, at PREPARE, in the order the kernel reads it
+(`pack`: tiles of MR rows, each (K, MR), the rows padded with zeros to a multiple of TILES_A_TAIL
+tiles), and X is read where it lies: a tile of MR rows by NR columns keeps its MR x NV sums in
+vector registers over all of K, each step one broadcast weight a row and NV vector loads of X's
+row, then writes bias, residual and activation with the sums. The tile is written in LLVM's IR
+(an `intrinsic`): numba's loops over a local array of sums stay in memory, at a tenth of the
+speed. LLVM picks the instructions for the machine numba compiles for (on x86, AVX2 and FMA are
+required: jit.tiled_product_kernel checks).
+
+Columns are taken in chunks whose rows of X stay in L2 while every tile of the weight passes over
+them; the last N % 8 columns (a 7x7 image's 49th) by `_tail`, TILES_A_TAIL tiles at once so that
+its sums are independent chains.
+
+Sums are in a different order than BLAS's (and fused multiply-adds), so results differ from the
+library's in the last bits, as one BLAS's differ from another's.
+
+Imported only through `jit.py` (see _jit_depthwise.py for why the leading underscore).
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ._jit_activation import activate
+from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY
+
+MR = 4             # rows of the weight a tile
+LANES = 8          # float32 lanes of a vector
+NV = 6             # vectors of columns a tile: MR x NV sums in registers
+NR = NV * LANES    # columns a tile
+TILES_A_TAIL = 8   # tiles whose sums `_tail` keeps at once (the packed rows are padded to this many)
+CHUNK = 1 << 15    # floats of X's rows a chunk of columns keeps (128 KB, in L2)
+TAIL_SCRATCH = LANES * MR * TILES_A_TAIL  # floats the tail's sums take (`product`'s `tail`)
+
+_F32 = ir.FloatType()
+_I64 = ir.IntType(64)
+_I32 = ir.IntType(32)
+_PTR = ir.PointerType()
+
+
+def pack(w, m, k):
+    """The weight (M, K) as the kernel reads it: (tiles, K, MR), rows padded with zeros to a
+    multiple of MR * TILES_A_TAIL."""
+    rows = -(-m // (MR * TILES_A_TAIL)) * MR * TILES_A_TAIL
+    padded = np.zeros((rows, k), np.float32)
+    padded[:m] = np.asarray(w).reshape(m, k)
+    return np.ascontiguousarray(padded.reshape(rows // MR, MR, k).transpose(0, 2, 1))
+
+
+def _splat(builder, value, width):
+    vector = ir.VectorType(value.type, width)
+    first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined), ir.Constant(ir.VectorType(_I32, width),
+                                                                                      [0] * width))
+
+
+def _at(builder, base, offset):
+    return builder.gep(base, [offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)],
+                       source_etype=_F32)
+
+
+def _sums(builder, vector, k, load_w, load_x, count_w, count_x):
+    """The loop over k of `count_w` x `count_x` vector sums, acc[a][b] += load_w(k, a) * load_x(k, b);
+    returns them after the loop (zero where k is 0)."""
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
+                                         f"llvm.fma.v{vector.count}f32")
+    zero = ir.Constant(vector, [0.0] * vector.count)
+    before = builder.block
+    loop = builder.function.append_basic_block("sums")
+    after = builder.function.append_basic_block("summed")
+    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(_I64, 0)), loop, after)
+    builder.position_at_end(loop)
+    step = builder.phi(_I64)
+    step.add_incoming(ir.Constant(_I64, 0), before)
+    acc = [[builder.phi(vector) for _ in range(count_x)] for _ in range(count_w)]
+    for row in acc:
+        for p in row:
+            p.add_incoming(zero, before)
+    xs = [load_x(step, b) for b in range(count_x)]
+    new = []
+    for a in range(count_w):
+        w = load_w(step, a)
+        new.append([builder.call(fma, [w, xs[b], acc[a][b]]) for b in range(count_x)])
+    following = builder.add(step, ir.Constant(_I64, 1))
+    end = builder.block
+    step.add_incoming(following, end)
+    for a in range(count_w):
+        for b in range(count_x):
+            acc[a][b].add_incoming(new[a][b], end)
+    builder.cbranch(builder.icmp_signed("<", following, k), loop, after)
+    builder.position_at_end(after)
+    done = []
+    for a in range(count_w):
+        row = []
+        for b in range(count_x):
+            p = builder.phi(vector)
+            p.add_incoming(zero, before)
+            p.add_incoming(new[a][b], end)
+            row.append(p)
+        done.append(row)
+    return done
+
+
+def _activated(builder, v, mode, p0, p1):
+    """v through the activation `mode` (a constant of jit's), as _jit_activation.activate computes
+    it (no fused multiply-add; NaN stays NaN under a clamp)."""
+    vector = v.type
+    zero = ir.Constant(vector, [0.0] * vector.count)
+    if mode == CLAMP:
+        v = builder.select(builder.fcmp_ordered("<", v, p0), p0, v)
+        return builder.select(builder.fcmp_ordered(">", v, p1), p1, v)
+    if mode == LEAKY:
+        return builder.select(builder.fcmp_ordered(">=", v, zero), v, builder.fmul(v, p0))
+    one = ir.Constant(vector, [1.0] * vector.count)
+    f = builder.fadd(builder.fmul(v, p0), p1)
+    f = builder.select(builder.fcmp_ordered("<", f, zero), zero, f)
+    f = builder.select(builder.fcmp_ordered(">", f, one), one, f)
+    return builder.fmul(v, f) if mode == HARD_SWISH else f
+
+
+def _tile(nv):
+    """The intrinsic of a tile of MR rows by nv vectors of columns, over all of K, with its epilogue."""
+    @intrinsic
+    def tile(typingctx, w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k):
+        sig = types.void(types.uintp, types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.uintp,
+                         types.boolean, types.intp, types.intp, types.float32, types.float32, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k = args
+            w, x, out, bias, residual = (builder.inttoptr(a, _PTR) for a in (w, x, out, bias, residual))
+            vector = ir.VectorType(_F32, LANES)
+
+            def load_w(step, a):
+                value = builder.load(_at(builder, w, builder.add(builder.mul(step, ir.Constant(_I64, MR)),
+                                                                 ir.Constant(_I64, a))), typ=_F32, align=4)
+                return _splat(builder, value, LANES)
+
+            def load_x(step, b):
+                return builder.load(_at(builder, _at(builder, x, builder.mul(step, ldx)), b * LANES), typ=vector,
+                                    align=4)
+            sums = _sums(builder, vector, k, load_w, load_x, MR, nv)
+            lo, hi = _splat(builder, p0, LANES), _splat(builder, p1, LANES)
+            zero = ir.Constant(vector, [0.0] * LANES)
+            for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
+                with builder.if_then(builder.icmp_signed("==", mode, ir.Constant(_I64, kind))):
+                    for a in range(MR):
+                        with builder.if_then(builder.icmp_signed(">", rows, ir.Constant(_I64, a))):
+                            offset = builder.mul(ir.Constant(_I64, a), ldo)
+                            b_a = _splat(builder, builder.load(_at(builder, bias, a), typ=_F32, align=4), LANES)
+                            for b in range(nv):
+                                at = builder.add(offset, ir.Constant(_I64, b * LANES))
+                                v = builder.fadd(sums[a][b], b_a)
+                                r = builder.load(_at(builder, residual, at), typ=vector, align=4)
+                                v = builder.fadd(v, builder.select(has_residual, r, zero))
+                                builder.store(_activated(builder, v, kind, lo, hi), _at(builder, out, at), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+def _tail(columns):
+    """The intrinsic of `columns` (< LANES) columns by TILES_A_TAIL tiles over all of K: the sums
+    only, into `sums` (float32) at [column * MR * TILES_A_TAIL + tile * MR + row]."""
+    @intrinsic
+    def tail(typingctx, w, x, ldx, sums, k):
+        sig = types.void(types.uintp, types.uintp, types.intp, types.uintp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w, x, ldx, sums_at, k = args
+            w, x, sums_at = (builder.inttoptr(a, _PTR) for a in (w, x, sums_at))
+            vector = ir.VectorType(_F32, MR)
+            tile_size = builder.mul(k, ir.Constant(_I64, MR))
+
+            def load_w(step, t):
+                at = builder.add(builder.mul(tile_size, ir.Constant(_I64, t)), builder.mul(step, ir.Constant(_I64, MR)))
+                return builder.load(_at(builder, w, at), typ=vector, align=4)
+
+            def load_x(step, c):
+                value = builder.load(_at(builder, x, builder.add(builder.mul(step, ldx), ir.Constant(_I64, c))),
+                                     typ=_F32, align=4)
+                return _splat(builder, value, MR)
+            sums = _sums(builder, vector, k, load_w, load_x, TILES_A_TAIL, columns)
+            for t in range(TILES_A_TAIL):
+                for c in range(columns):
+                    builder.store(sums[t][c], _at(builder, sums_at, (c * TILES_A_TAIL + t) * MR), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tail
+
+
+_tile6, _tile5, _tile4, _tile3, _tile2, _tile1 = (_tile(nv) for nv in (6, 5, 4, 3, 2, 1))
+_tail1, _tail2, _tail3, _tail4, _tail5, _tail6, _tail7 = (_tail(c) for c in range(1, 8))
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _tiles(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k, vectors):
+    # one call of the tile of `vectors` (1..NV) vectors of columns
+    if vectors == 6:
+        _tile6(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+    elif vectors == 5:
+        _tile5(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+    elif vectors == 4:
+        _tile4(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+    elif vectors == 3:
+        _tile3(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+    elif vectors == 2:
+        _tile2(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+    elif vectors == 1:
+        _tile1(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _tail_sums(w, x, ldx, sums, k, columns):
+    if columns == 1:
+        _tail1(w, x, ldx, sums, k)
+    elif columns == 2:
+        _tail2(w, x, ldx, sums, k)
+    elif columns == 3:
+        _tail3(w, x, ldx, sums, k)
+    elif columns == 4:
+        _tail4(w, x, ldx, sums, k)
+    elif columns == 5:
+        _tail5(w, x, ldx, sums, k)
+    elif columns == 6:
+        _tail6(w, x, ldx, sums, k)
+    elif columns == 7:
+        _tail7(w, x, ldx, sums, k)
+
+
+@intrinsic
+def _floats(typingctx, address):
+    """The float32 pointer at an address, for reading by index."""
+    sig = types.CPointer(types.float32)(types.uintp)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+
+
+# Compiled for these types only, so that no run compiles another specialisation: the operands
+# read (weight, x, bias, residual: arrays of the file's, of the caller's, read-only or not) by
+# their addresses, out a view whose rows may be apart (a band of an image).
+@njit("void(uintp, uintp, int64, int64, uintp, float32[:, :], uintp, boolean, int64, float32, float32, "
+      "int64, int64, int64, int64, float32[::1])", nogil=True, cache=True, boundscheck=False)
+def product(w, x, ldx, k, bias, out, residual, has_residual, mode, p0, p1, t0, t1, c0, c1, tail):
+    """out[rows of tiles t0..t1, columns c0..c1] = activation(w @ x + bias + residual).
+
+    At their addresses: w, `pack`'s (tiles, K, MR) float32; x (K, N) float32, each row contiguous,
+    `ldx` elements apart; bias (M,) (zeros for none); residual (M, N) like out (each row contiguous,
+    as far apart as out's), added where `has_residual`. mode, p0, p1 the activation
+    (jit.activation_mode). t0 a multiple of TILES_A_TAIL; c0 a multiple of LANES, c1 one or N.
+    `tail`: scratch of TAIL_SCRATCH, used where c1 - c0 is not a multiple of LANES."""
+    m = out.shape[0]
+    ldo = out.strides[0] // 4
+    t1 = min(t1, -(-m // MR))
+    ends = c0 + (c1 - c0) // LANES * LANES
+    chunk = max(NR, CHUNK // max(k, 1) // NR * NR)
+    oa = out.ctypes.data
+    tile_bytes = k * MR * 4
+    for a in range(c0, ends, chunk):
+        b = min(a + chunk, ends)
+        for t in range(t0, t1):
+            rows = min(MR, m - t * MR)
+            first = t * MR * ldo
+            col = a
+            while col + NR <= b:
+                _tiles(w + t * tile_bytes, x + col * 4, ldx, oa + (first + col) * 4, ldo, bias + t * MR * 4,
+                       residual + (first + col) * 4, has_residual, rows, mode, p0, p1, k, NV)
+                col += NR
+            if col < b:
+                _tiles(w + t * tile_bytes, x + col * 4, ldx, oa + (first + col) * 4, ldo, bias + t * MR * 4,
+                       residual + (first + col) * 4, has_residual, rows, mode, p0, p1, k, (b - col) // LANES)
+    columns = c1 - ends
+    if columns == 0:
+        return
+    zero, one = out.dtype.type(0), out.dtype.type(1)
+    biases, added = _floats(bias), _floats(residual)
+    for t in range(t0, t1, TILES_A_TAIL):
+        _tail_sums(w + t * tile_bytes, x + ends * 4, ldx, tail.ctypes.data, k, columns)
+        for u in range(min(TILES_A_TAIL, t1 - t)):
+            for i in range(MR):
+                row = (t + u) * MR + i
+                if row >= m:
+                    break
+                for c in range(columns):
+                    v = tail[(c * TILES_A_TAIL + u) * MR + i] + biases[row]
+                    if has_residual:
+                        v += added[row * ldo + ends + c]
+                    out[row, ends + c] = activate(v, mode, p0, p1, zero, one)
