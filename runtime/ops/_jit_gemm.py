@@ -126,7 +126,16 @@ def _activated(builder, v, mode, p0, p1):
     return builder.fmul(v, f) if mode == HARD_SWISH else f
 
 
-def _tile(nv):
+def _row(builder, x, step, ldx, gathered):
+    """Where row `step` of X starts: `ldx` elements apart, or (`gathered`) at the offset the int64
+    array at address `ldx` holds for it."""
+    if not gathered:
+        return _at(builder, x, builder.mul(step, ldx))
+    offsets = builder.inttoptr(ldx, _PTR)
+    return _at(builder, x, builder.load(builder.gep(offsets, [step], source_etype=_I64), typ=_I64, align=8))
+
+
+def _tile(nv, gathered):
     """The intrinsic of a tile of MR rows by nv vectors of columns, over all of K, with its epilogue."""
     @intrinsic
     def tile(typingctx, w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k):
@@ -144,7 +153,7 @@ def _tile(nv):
                 return _splat(builder, value, LANES)
 
             def load_x(step, b):
-                return builder.load(_at(builder, _at(builder, x, builder.mul(step, ldx)), b * LANES), typ=vector,
+                return builder.load(_at(builder, _row(builder, x, step, ldx, gathered), b * LANES), typ=vector,
                                     align=4)
             sums = _sums(builder, vector, k, load_w, load_x, MR, nv)
             lo, hi = _splat(builder, p0, LANES), _splat(builder, p1, LANES)
@@ -166,7 +175,7 @@ def _tile(nv):
     return tile
 
 
-def _tail(columns):
+def _tail(columns, gathered):
     """The intrinsic of `columns` (< LANES) columns by TILES_A_TAIL tiles over all of K: the sums
     only, into `sums` (float32) at [column * MR * TILES_A_TAIL + tile * MR + row]."""
     @intrinsic
@@ -184,8 +193,7 @@ def _tail(columns):
                 return builder.load(_at(builder, w, at), typ=vector, align=4)
 
             def load_x(step, c):
-                value = builder.load(_at(builder, x, builder.add(builder.mul(step, ldx), ir.Constant(_I64, c))),
-                                     typ=_F32, align=4)
+                value = builder.load(_at(builder, _row(builder, x, step, ldx, gathered), c), typ=_F32, align=4)
                 return _splat(builder, value, MR)
             sums = _sums(builder, vector, k, load_w, load_x, TILES_A_TAIL, columns)
             for t in range(TILES_A_TAIL):
@@ -196,14 +204,30 @@ def _tail(columns):
     return tail
 
 
-_tile6, _tile5, _tile4, _tile3, _tile2, _tile1 = (_tile(nv) for nv in (6, 5, 4, 3, 2, 1))
-_tail1, _tail2, _tail3, _tail4, _tail5, _tail6, _tail7 = (_tail(c) for c in range(1, 8))
+_tile6, _tile5, _tile4, _tile3, _tile2, _tile1 = (_tile(nv, False) for nv in (6, 5, 4, 3, 2, 1))
+_tail1, _tail2, _tail3, _tail4, _tail5, _tail6, _tail7 = (_tail(c, False) for c in range(1, 8))
+_rows6, _rows5, _rows4, _rows3, _rows2, _rows1 = (_tile(nv, True) for nv in (6, 5, 4, 3, 2, 1))
+_rows_tail1, _rows_tail2, _rows_tail3, _rows_tail4, _rows_tail5, _rows_tail6, _rows_tail7 = (
+    _tail(c, True) for c in range(1, 8))
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _tiles(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k, vectors):
+def _tiles(w, x, ldx, gathered, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k, vectors):
     # one call of the tile of `vectors` (1..NV) vectors of columns
-    if vectors == 6:
+    if gathered:
+        if vectors == 6:
+            _rows6(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+        elif vectors == 5:
+            _rows5(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+        elif vectors == 4:
+            _rows4(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+        elif vectors == 3:
+            _rows3(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+        elif vectors == 2:
+            _rows2(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+        elif vectors == 1:
+            _rows1(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
+    elif vectors == 6:
         _tile6(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
     elif vectors == 5:
         _tile5(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k)
@@ -218,8 +242,23 @@ def _tiles(w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _tail_sums(w, x, ldx, sums, k, columns):
-    if columns == 1:
+def _tail_sums(w, x, ldx, gathered, sums, k, columns):
+    if gathered:
+        if columns == 1:
+            _rows_tail1(w, x, ldx, sums, k)
+        elif columns == 2:
+            _rows_tail2(w, x, ldx, sums, k)
+        elif columns == 3:
+            _rows_tail3(w, x, ldx, sums, k)
+        elif columns == 4:
+            _rows_tail4(w, x, ldx, sums, k)
+        elif columns == 5:
+            _rows_tail5(w, x, ldx, sums, k)
+        elif columns == 6:
+            _rows_tail6(w, x, ldx, sums, k)
+        elif columns == 7:
+            _rows_tail7(w, x, ldx, sums, k)
+    elif columns == 1:
         _tail1(w, x, ldx, sums, k)
     elif columns == 2:
         _tail2(w, x, ldx, sums, k)
@@ -248,14 +287,16 @@ def _floats(typingctx, address):
 # Compiled for these types only, so that no run compiles another specialisation: the operands
 # read (weight, x, bias, residual: arrays of the file's, of the caller's, read-only or not) by
 # their addresses, out a view whose rows may be apart (a band of an image).
-@njit("void(uintp, uintp, int64, int64, uintp, float32[:, :], uintp, boolean, int64, float32, float32, "
+@njit("void(uintp, uintp, int64, boolean, int64, uintp, float32[:, :], uintp, boolean, int64, float32, float32, "
       "int64, int64, int64, int64, float32[::1])", nogil=True, cache=True, boundscheck=False)
-def product(w, x, ldx, k, bias, out, residual, has_residual, mode, p0, p1, t0, t1, c0, c1, tail):
+def product(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, t0, t1, c0, c1, tail):
     """out[rows of tiles t0..t1, columns c0..c1] = activation(w @ x + bias + residual).
 
     At their addresses: w, `pack`'s (tiles, K, MR) float32; x (K, N) float32, each row contiguous,
-    `ldx` elements apart; bias (M,) (zeros for none); residual (M, N) like out (each row contiguous,
-    as far apart as out's), added where `has_residual`. mode, p0, p1 the activation
+    `ldx` elements apart, or where `gathered` at the offsets (elements from x, int64) of an array of
+    K at address `ldx` (a shifted convolution's taps, each an offset view of the padded image); bias
+    (M,) (zeros for none); residual (M, N) like out (each row contiguous, as far apart as out's),
+    added where `has_residual`. mode, p0, p1 the activation
     (jit.activation_mode). t0 a multiple of TILES_A_TAIL; c0 a multiple of LANES, c1 one or N.
     `tail`: scratch of TAIL_SCRATCH, used where c1 - c0 is not a multiple of LANES."""
     m = out.shape[0]
@@ -272,11 +313,11 @@ def product(w, x, ldx, k, bias, out, residual, has_residual, mode, p0, p1, t0, t
             first = t * MR * ldo
             col = a
             while col + NR <= b:
-                _tiles(w + t * tile_bytes, x + col * 4, ldx, oa + (first + col) * 4, ldo, bias + t * MR * 4,
+                _tiles(w + t * tile_bytes, x + col * 4, ldx, gathered, oa + (first + col) * 4, ldo, bias + t * MR * 4,
                        residual + (first + col) * 4, has_residual, rows, mode, p0, p1, k, NV)
                 col += NR
             if col < b:
-                _tiles(w + t * tile_bytes, x + col * 4, ldx, oa + (first + col) * 4, ldo, bias + t * MR * 4,
+                _tiles(w + t * tile_bytes, x + col * 4, ldx, gathered, oa + (first + col) * 4, ldo, bias + t * MR * 4,
                        residual + (first + col) * 4, has_residual, rows, mode, p0, p1, k, (b - col) // LANES)
     columns = c1 - ends
     if columns == 0:
@@ -284,7 +325,7 @@ def product(w, x, ldx, k, bias, out, residual, has_residual, mode, p0, p1, t0, t
     zero, one = out.dtype.type(0), out.dtype.type(1)
     biases, added = _floats(bias), _floats(residual)
     for t in range(t0, t1, TILES_A_TAIL):
-        _tail_sums(w + t * tile_bytes, x + ends * 4, ldx, tail.ctypes.data, k, columns)
+        _tail_sums(w + t * tile_bytes, x + ends * 4, ldx, gathered, tail.ctypes.data, k, columns)
         for u in range(min(TILES_A_TAIL, t1 - t)):
             for i in range(MR):
                 row = (t + u) * MR + i

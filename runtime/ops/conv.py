@@ -86,7 +86,7 @@ class Conv(_ConvBase):
     conv_shape = None  # with a residual the output broadcasts up to: the convolution's own shape
 
     w_taps = None     # a depthwise conv's constant weight as its plan reads it (conv_core.depthwise_taps)
-    w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps)
+    w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps, shifted_tiles)
     step = None       # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
     w_transposed = None  # a pointwise conv's constant weight (Cin, Cout) where its step is one row (GemmStep)
@@ -110,7 +110,11 @@ class Conv(_ConvBase):
                 form += "strips"
             self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(weight(), self.plan), form)
         elif self.plan.method == "gemm-shifted" and w.value is not None:
-            self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
+            self.plan = conv_core.with_tiles(self.plan)
+            if self.plan.tiles.tiled is not None:  # all taps in one compiled product
+                self.w_shifted = self.pack([1], lambda: conv_core.shifted_tiles(weight(), self.plan), form + "tiles")
+            else:
+                self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
         elif live is not None:
             self.w_live = self.pack([1], lambda: np.ascontiguousarray(weight()), form)
         elif self.step is not None and self.step.row_product():
@@ -163,11 +167,16 @@ class Conv(_ConvBase):
 
     def band(self, r0, r1, scratch_limit, plans=None):
         a, b, window = bands.window_band(self.window, r0, r1)
-        # A weight packed for shifted GEMMs is only that: every band runs them.
+        # A weight packed for shifted GEMMs is only that: every band runs them (by the compiled
+        # product where the weight is packed for it).
         shifted = self.w_shifted is not None
-        plan = bands.cached(plans, (window, scratch_limit, shifted), lambda: conv_core.conv_plan(
-            window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype, scratch_limit=scratch_limit,
-            shifted=shifted, row_matrices=False))
+        tiled = shifted and self.plan.tiles.tiled is not None
+
+        def band_plan():
+            plan = conv_core.conv_plan(window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype,
+                                       scratch_limit=scratch_limit, shifted=shifted, row_matrices=False)
+            return conv_core.with_tiles(plan, force=True) if tiled else plan
+        plan = bands.cached(plans, (window, scratch_limit, shifted, tiled), band_plan)
 
         def run(args, out, scratch):
             self._conv(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch)

@@ -618,6 +618,13 @@ class ShiftedGemm:
     offsets: tuple      # per tap (kernel order), its shift in the flat padded tile
     tiles: tuple        # ((r0, r1), ...): output rows of each tile
     scratch_elems: int  # the padded tile, C * ((rows + halo) * width + slack), and its output, Cout * rows * width
+    # With compiled kernels (`with_tiles`): the compiled product (_jit_gemm) by the weight packed in
+    # its tiles, all taps in one call that reads the padded tile's rows where they lie: channel c's
+    # plane `plane` elements from the last (the largest tile's), `rows_at` the offset of each
+    # (tap, channel) row of K. None: a BLAS GEMM a tap.
+    tiled: object = field(default=None, compare=False)
+    plane: int = 0
+    rows_at: object = field(default=None, compare=False)
 
 
 def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, force=False):
@@ -647,6 +654,43 @@ def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, forc
     return ShiftedGemm(width, halo, slack, offsets, tuple(ranges), scratch)
 
 
+# A shifted convolution's taps summed by the compiled product (`with_tiles`) up to this deep a sum
+# (K = Cin * taps), its rows of the padded tile then in L2 for a tile's columns. Against a BLAS
+# GEMM a tap over the same padded tile, one thread, hot (U-Net's 3x3 layers, 64-row tiles):
+# 32 -> 16 over 256x256 2,025 -> 1,425 us (75 -> 107 GFLOP/s), 16 -> 16 1,071 -> 697, 32 -> 32
+# over 128x128 1,767 -> 1,410, 64 -> 64 over 64x64 3,209 -> 2,923; 128 -> 64 even.
+SHIFTED_TILED_DEPTH = 2304
+
+
+def with_tiles(plan, force=False):
+    """A "gemm-shifted" plan made to sum its taps by the compiled product, its weight packed by
+    `shifted_tiles`, where that serves (one thread, compiled kernels, see SHIFTED_TILED_DEPTH) or
+    where `force`d (a band of a convolution whose weight is packed so); else the plan as it is."""
+    how = plan.tiles
+    if plan.method != "gemm-shifted" or how.tiled is not None:
+        return plan
+    k = plan.c_in * plan.window.taps
+    if not force and not (k <= SHIFTED_TILED_DEPTH and parallel.planned_threads() == 1
+                          and plan.c_out * k * plan.dtype.itemsize <= 2 * step_scratch_limit()):
+        return plan
+    kernel = jit.tiled_product_kernel(plan.dtype)
+    if kernel is None:
+        if force:
+            raise ValueError("the convolution's weight is packed for the compiled product, which is unavailable")
+        return plan
+    plane = (max(r1 - r0 for r0, r1 in how.tiles) + how.halo) * how.width + how.slack
+    rows_at = np.array([c * plane + offset for offset in how.offsets for c in range(plan.c_in)], np.int64)
+    return replace(plan, tiles=replace(how, tiled=kernel, plane=plane, rows_at=rows_at))
+
+
+def shifted_tiles(w, plan):
+    """A `with_tiles` plan's weight (Cout, Cin, kh, kw) in the compiled product's tiles, its K in
+    the order of the plan's `rows_at`: (tap, channel)."""
+    m, c, taps = plan.c_out, plan.c_in, plan.window.taps
+    return plan.tiles.tiled.pack(np.asarray(w).reshape(m, c, taps).transpose(0, 2, 1).reshape(m, taps * c),
+                                 m, taps * c)
+
+
 def shifted_taps(w, plan):
     """A "gemm-shifted" convolution's weight (Cout, Cin, kh, kw) tap-major: (taps, Cout, Cin), C order."""
     taps = plan.window.taps
@@ -660,8 +704,6 @@ def _conv_shifted(x, w_taps, bias, out, plan, scratch, activation, channels=None
     gemm = blas.kernel(plan.dtype)
     c_in = plan.c_in
     c0, c1 = channels if channels is not None else (0, plan.c_out)
-    height, in_width = window.in_spatial
-    top, left = window.pads_begin
     width, out_width = how.width, window.out_spatial[1]
     if bias is not None:
         bias = bias[c0:c1].reshape(-1, 1, 1)
@@ -670,16 +712,7 @@ def _conv_shifted(x, w_taps, bias, out, plan, scratch, activation, channels=None
             rows = r1 - r0
             flat = (rows + how.halo) * width
             padded = scratch[:c_in * (flat + how.slack)].reshape(c_in, flat + how.slack)
-            image = padded[:, :flat].reshape(c_in, rows + how.halo, width)
-            # Tile row k holds input row r0 - top + k; the rest is padding, zeroed (scratch is shared).
-            lo, hi = max(0, r0 - top), min(height, r1 - top + how.halo)
-            k0, k1 = lo - (r0 - top), hi - (r0 - top)
-            image[:, :k0] = 0
-            image[:, k1:] = 0
-            image[:, k0:k1, :left] = 0
-            image[:, k0:k1, left + in_width:] = 0
-            padded[:, flat:] = 0
-            image[:, k0:k1, left:left + in_width] = x[n, :, lo:hi]
+            _padded_tile(x[n], padded, how, window, r0, r1)
             result = scratch[padded.size:padded.size + (c1 - c0) * rows * width].reshape(c1 - c0, rows * width)
             span = rows * width
             for t, offset in enumerate(how.offsets):
@@ -691,6 +724,52 @@ def _conv_shifted(x, w_taps, bias, out, plan, scratch, activation, channels=None
                 np.copyto(out[n, c0:c1, r0:r1], tile)
     if activation is not None and channels is None:
         _bias_activation(out, None, activation, CHANNELS_FIRST, epilogue=plan.epilogue)
+    return out
+
+
+def _padded_tile(x_n, padded, how, window, r0, r1):
+    """Output rows [r0, r1)'s padded tile of image x_n into `padded` (C, (rows + halo) * width +
+    slack; each channel's row contiguous): tile row k holds input row r0 - top + k; the rest is
+    padding, zeroed (scratch is shared)."""
+    height, in_width = window.in_spatial
+    top, left = window.pads_begin
+    c_in, width = padded.shape[0], how.width
+    flat = (r1 - r0 + how.halo) * width
+    image = padded[:, :flat].reshape(c_in, r1 - r0 + how.halo, width)
+    lo, hi = max(0, r0 - top), min(height, r1 - top + how.halo)
+    k0, k1 = lo - (r0 - top), hi - (r0 - top)
+    image[:, :k0] = 0
+    image[:, k1:] = 0
+    image[:, k0:k1, :left] = 0
+    image[:, k0:k1, left + in_width:] = 0
+    padded[:, flat:] = 0
+    image[:, k0:k1, left:left + in_width] = x_n[:, lo:hi]
+
+
+def _conv_shifted_tiled(x, w_tiles, bias, out, plan, scratch, activation):
+    """A `with_tiles` "gemm-shifted" plan: per tile of output rows the padded tile, then one call
+    of the compiled product over all taps, with the bias and the activation, into the tile's
+    output (Cout, rows * width), whose first `out width` columns of each row are copied out."""
+    how, window = plan.tiles, plan.window
+    kernel, c_in, c_out = how.tiled, plan.c_in, plan.c_out
+    width, out_width = how.width, window.out_spatial[1]
+    mode, p0, p1, after = jit.activation_mode(activation, plan.dtype)
+    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, plan.dtype)
+    planes = scratch[:c_in * how.plane].reshape(c_in, how.plane)
+    address = blas.address
+    w_at, planes_at, rows_at, bias_at = address(w_tiles), address(planes), address(how.rows_at), address(bias)
+    tail = np.empty(kernel.TAIL_SCRATCH, plan.dtype)
+    for n in range(out.shape[0]):
+        for r0, r1 in how.tiles:
+            rows = r1 - r0
+            _padded_tile(x[n], planes[:, :(rows + how.halo) * width + how.slack], how, window, r0, r1)
+            span = rows * width
+            result = scratch[planes.size:planes.size + c_out * span].reshape(c_out, span)
+            kernel.product(w_at, planes_at, rows_at, True, how.rows_at.size, bias_at, result, address(result), False,
+                           mode, p0, p1, 0, -(-c_out // kernel.MR), 0, span, tail)
+            np.copyto(out[n, :, r0:r1], result.reshape(c_out, rows, width)[:, :, :out_width])
+    if after is not None:
+        apply_activation(out, after)
     return out
 
 
@@ -828,6 +907,8 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None, resi
         return out
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
+    if plan.method == "gemm-shifted" and plan.tiles.tiled is not None:  # w packed by shifted_tiles
+        return _conv_shifted_tiled(x, w, bias, out, plan, scratch, activation)
     if plan.method == "gemm-shifted":
         w_taps = w if w.ndim == 3 else shifted_taps(w, plan)
         return _conv_shifted(x, w_taps, bias, out, plan, scratch, activation)
@@ -1125,7 +1206,7 @@ def tiled_product(kernel, w_tiles, x, bias, out, activation, residual=None):
         mode, p0, p1, after = jit.activation_mode(None, out.dtype)
     has_residual = residual is not None and not late
     address = blas.address
-    kernel.product(address(w_tiles), address(x), x.strides[0] // x.itemsize, x.shape[0], address(bias), out,
+    kernel.product(address(w_tiles), address(x), x.strides[0] // x.itemsize, False, x.shape[0], address(bias), out,
                    address(residual if has_residual else out), has_residual, mode, p0, p1, 0, -(-m // kernel.MR), 0,
                    n, np.empty(kernel.TAIL_SCRATCH if n % kernel.LANES else 1, out.dtype))
     if late:

@@ -291,7 +291,7 @@ def _check_tiled_product(dtype):
     out = np.empty((9, 9), dtype)
     lo, hi = dtype.type(0), dtype.type(np.inf)
     packed, bias = kernel.pack(w, 9, 2), np.ones(9, dtype)
-    kernel.product(packed.ctypes.data, x.ctypes.data, 9, 2, bias.ctypes.data, out, out.ctypes.data, False, CLAMP,
+    kernel.product(packed.ctypes.data, x.ctypes.data, 9, False, 2, bias.ctypes.data, out, out.ctypes.data, False, CLAMP,
                    lo, hi, 0, 3, 0, 9, np.empty(kernel.TAIL_SCRATCH, dtype))
     wanted = np.maximum(w @ x + 1, 0)
     _expect("product by a packed weight", tuple(out[:, 0]) + tuple(out[:, 8]),

@@ -543,7 +543,9 @@ def test_large_stride_one_convolutions_take_shifted_gemms_with_their_weight_pack
     node = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
     model = make_model([node, helper.make_node("Relu", ["c"], ["y"])], [("x", x)], [("y", None)],
                        [("w", w), ("b", b)])
-    sess = nnrun.InferenceSession(model.SerializeToString())
+    options = nnrun.SessionOptions()
+    options.compiled_kernels = False  # (with them, on one thread, the compiled product's tiles: below)
+    sess = nnrun.InferenceSession(model.SerializeToString(), options)
     assert_close(sess.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0])
     kernel = sess.plan().steps[0].kernel
     assert kernel.plan.method == "gemm-shifted" and kernel.w_shifted.shape == (9, 24, 16)
@@ -1230,10 +1232,95 @@ def test_the_compiled_product_writes_only_its_rows_and_columns(rows, columns):
     expected = run_reference(model, {"w": w, "x": x, "b": b})[0]
     packed, out = kernel.pack(w, 61, 30), np.full((61, 53), np.nan, np.float32)
     lo, hi = np.float32(-np.inf), np.float32(np.inf)
-    kernel.product(packed.ctypes.data, x.ctypes.data, 53, 30, b.ctypes.data, out, out.ctypes.data, False, jit.CLAMP,
-                   lo, hi, *rows, *columns, np.empty(kernel.TAIL_SCRATCH, np.float32))
+    kernel.product(packed.ctypes.data, x.ctypes.data, 53, False, 30, b.ctypes.data, out, out.ctypes.data, False,
+                   jit.CLAMP, lo, hi, *rows, *columns, np.empty(kernel.TAIL_SCRATCH, np.float32))
     r0, r1 = rows[0] * kernel.MR, min(61, rows[1] * kernel.MR)
     written = np.zeros(out.shape, bool)
     written[r0:r1, columns[0]:columns[1]] = True
     assert_close(out[written], expected[written], rtol=1e-4)
     assert np.isnan(out[~written]).all()
+
+
+@needs_numba
+@pytest.mark.parametrize("x_shape, w_shape, attrs", SHIFTED_CASES)
+@pytest.mark.parametrize("limit", [1, 600, 1 << 20])
+@pytest.mark.parametrize("activation", [("Relu", {}), ("HardSwish", {}), ("Sigmoid", {})])
+def test_shifted_convolutions_by_the_compiled_product_in_tiles_of_any_size(x_shape, w_shape, attrs, limit,
+                                                                           activation):
+    """The core's shifted plan summing all taps in one compiled product (`with_tiles`), with scratch
+    for one output row a tile (1), a few, or the image, the last tile shorter, the scratch full of
+    NaN: every padded row, halo and slack as onnxruntime's convolution reads them, the bias and the
+    activation (Sigmoid after the product) as onnxruntime computes Conv and the activation."""
+    x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
+    window = conv_core.make_window(x_shape[2:], w_shape[2:], None, attrs.get("dilations"), attrs.get("pads"))
+    with jit.chosen(True):
+        plan = conv_core.with_tiles(conv_core.conv_plan(window, x_shape[1], w_shape[0], scratch_limit=limit,
+                                                        shifted=True), force=True)
+    assert plan.method == "gemm-shifted" and plan.tiles.tiled is not None
+    inits = [("w", w), ("b", b)]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+             helper.make_node(activation[0], ["c"], ["y"])]
+    expected = run_onnxruntime(make_model(nodes, [("x", x)], [("y", None)], inits), {"x": x})[0]
+    out = np.full(expected.shape, np.nan, np.float32)
+    scratch = np.full(plan.scratch_elems, np.nan, np.float32)
+    conv_core.conv(x, conv_core.shifted_tiles(w, plan), b, out, plan, scratch, activation=activation)
+    assert_close(out, expected)
+
+
+def _shifted_model(x_shape, c_out, activation="Relu", residual=False, bias=True):
+    x, w, b = _data(x_shape), _data((c_out, x_shape[1], 3, 3), 1) / 12, _data((c_out,), 2)
+    inits = [("w", w)] + ([("b", b)] if bias else [])
+    nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c"], pads=[1, 1, 1, 1])]
+    inputs, last = [("x", x)], "c"
+    if residual:
+        inputs.append(("r", _data((x_shape[0], c_out, *x_shape[2:]), 3)))
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        last = "s"
+    if activation:
+        nodes.append(helper.make_node(activation, [last], ["y"]))
+        last = "y"
+    return make_model(nodes, inputs, [(last, None)], inits), {name: value for name, value in inputs}
+
+
+@needs_numba
+@pytest.mark.parametrize("activation, residual, bias", [("Relu", False, True), (None, False, False),
+                                                        ("Sigmoid", False, True), ("Relu", True, True)])
+def test_shifted_convolutions_of_a_session_by_the_compiled_product(activation, residual, bias):
+    """A U-Net-like layer with compiled kernels on one thread: its weight packed in the compiled
+    product's tiles at PREPARE (the plan's taps in one call), over a batch, as onnxruntime
+    computes Conv, a residual Add and the activation."""
+    model, feeds = _shifted_model((2, 16, 64, 64), 24, activation, residual, bias)
+    session = _tiled_session(model)
+    conv = session.plan().steps[0].kernel
+    assert conv.plan.method == "gemm-shifted" and conv.plan.tiles.tiled is not None
+    assert conv.w_shifted.shape == (8, 144, 4) and conv.packed == frozenset([1])  # 24 rows padded to 32
+    assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+
+
+@needs_numba
+def test_shifted_convolutions_by_the_compiled_product_only_where_they_pay_and_in_bands():
+    """On two threads, or summing more than SHIFTED_TILED_DEPTH, the taps stay BLAS GEMMs; under
+    a memory budget that runs the step in bands of rows, each band sums its taps by the compiled
+    product on the weight packed for it."""
+    def tiled(x_shape, c_out, threads=1, **options):
+        model, feeds = _shifted_model(x_shape, c_out)
+        session = _tiled_session(model, threads, **options)
+        assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+        conv = session.plan().steps[0].kernel
+        assert conv.plan.method == "gemm-shifted"
+        return conv.plan.tiles.tiled is not None
+    assert tiled((1, 16, 64, 64), 16)
+    assert not tiled((1, 16, 64, 64), 16, threads=2)
+    assert not tiled((1, 264, 64, 64), 8)  # K = 2,376
+    x, w1, w2 = _data((1, 16, 96, 64)), _data((16, 16, 3, 3), 1) / 12, _data((16, 16, 3, 3), 2) / 12
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [("x", x)], [("y", None)], [("w1", w1), ("w2", w2)])
+    expected = run_onnxruntime(model, {"x": x})[0]
+    arena = _tiled_session(model).plan().arena_bytes
+    session = _tiled_session(model, memory_budget=arena // 3)
+    plan = session.plan()
+    convs = [i for i, step in enumerate(plan.steps) if isinstance(step.kernel, Conv)]
+    assert all(plan.steps[i].kernel.plan.tiles.tiled is not None for i in convs)
+    assert any(plan.streaming.banded[i] is not None for i in convs)
+    assert_close(session.run(None, {"x": x})[0], expected)
