@@ -22,6 +22,7 @@ they warn once per process and the numpy paths are used.
 
 import contextlib
 import contextvars
+import functools
 import os
 import threading
 import warnings
@@ -142,11 +143,12 @@ def tiled_product_kernel(dtype):
     constants) for float32, as depthwise_kernel; None for other types and, on x86, where the
     machine has no AVX2 and FMA (LLVM would make its vector fused multiply-adds calls to a library
     function, slower than BLAS)."""
-    if np.dtype(dtype) != np.float32 or not _vector_fma():
+    if np.dtype(dtype) != np.float32 or not wanted() or not _vector_fma():  # (wanted first: llvmlite is large)
         return None
     return _kernel("tiled_product", dtype)
 
 
+@functools.lru_cache(maxsize=None)
 def _vector_fma():
     import platform
 

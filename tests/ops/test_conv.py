@@ -179,6 +179,35 @@ def test_without_numba_nnrun_runs_and_compiled_kernels_asked_for_warn_once(tmp_p
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+def test_sessions_without_compiled_kernels_never_load_numba_or_llvmlite(tmp_path):
+    """numba and LLVM cost ~115 MB of RSS once loaded: a session that does not ask for compiled
+    kernels (one thread, a pointwise convolution and a shifted one, which would take them) runs
+    without either in the process."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import sys, numpy as np, nnrun\n"
+        "from onnx import helper, TensorProto, numpy_helper\n"
+        "w1 = numpy_helper.from_array(np.full((64, 16, 1, 1), 0.1, np.float32), 'w1')\n"
+        "w2 = numpy_helper.from_array(np.full((16, 64, 3, 3), 0.01, np.float32), 'w2')\n"
+        "nodes = [helper.make_node('Conv', ['x', 'w1'], ['a']),\n"
+        "         helper.make_node('Conv', ['a', 'w2'], ['y'], pads=[1] * 4)]\n"
+        "g = helper.make_graph(nodes, 'g', [helper.make_tensor_value_info('x', TensorProto.FLOAT, [1, 16, 64, 64])],\n"
+        "                      [helper.make_tensor_value_info('y', TensorProto.FLOAT, None)], [w1, w2])\n"
+        "model = helper.make_model(g, opset_imports=[helper.make_opsetid('', 13)]).SerializeToString()\n"
+        "options = nnrun.SessionOptions()\n"
+        "options.intra_op_num_threads = 1\n"
+        "session = nnrun.InferenceSession(model, options)\n"
+        "session.run(None, {'x': np.ones((1, 16, 64, 64), np.float32)})\n"
+        "assert session.plan().steps[1].kernel.plan.method == 'gemm-shifted'\n"
+        "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))\n")
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NNRUN_JIT"}  # as installed: not asked for
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
+
+
 def test_small_convolutions_build_their_columns_in_one_copy(im2col, monkeypatch):
     monkeypatch.delenv("NNRUN_JIT", raising=False)  # numpy's paths: compiled, 4 channels take another
     window = conv_core.make_window((9, 8), (3, 3), (2, 1), (1, 2), (1, 2, 0, 1))
