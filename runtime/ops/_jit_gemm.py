@@ -30,6 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._jit_activation import activate
+from ._jit_depthwise import _fill
 from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY
 
 MR = 4             # rows of the weight a tile
@@ -336,3 +337,15 @@ def product(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0,
                     if has_residual:
                         v += added[row * ldo + ends + c]
                     out[row, ends + c] = activate(v, mode, p0, p1, zero, one)
+
+
+@njit("void(float32[::1], float32[:, :, :], int64[:, ::1], int64, int64)", nogil=True, cache=True,
+      boundscheck=False)
+def phase_planes(planes, image, fills, plane_w, plane_size):
+    """Every channel's phase planes (_jit_depthwise._fill: a stride-2 row split into its even and
+    odd columns in one pass), channel c's `fills.shape[0]` planes from c * that * plane_size;
+    where no input lies, zeros."""
+    planes[:] = 0
+    per_channel = fills.shape[0] * plane_size
+    for c in range(image.shape[0]):
+        _fill(planes[c * per_channel:(c + 1) * per_channel], image[c], fills, plane_w, plane_size)

@@ -86,7 +86,8 @@ class Conv(_ConvBase):
     conv_shape = None  # with a residual the output broadcasts up to: the convolution's own shape
 
     w_taps = None     # a depthwise conv's constant weight as its plan reads it (conv_core.depthwise_taps)
-    w_shifted = None  # a "gemm-shifted" conv's constant weight, tap-major (conv_core.shifted_taps, shifted_tiles)
+    w_shifted = None  # a "gemm-shifted" or "gemm-phases" conv's constant weight, tap-major
+    #                   (conv_core.shifted_taps, shifted_tiles)
     step = None       # a convolution of one image that is one GEMM, made ready for every run (conv_core.GemmStep)
     w_live = None     # a constant weight without the taps that read only padding (conv_core.live_window)
     w_transposed = None  # a pointwise conv's constant weight (Cin, Cout) where its step is one row (GemmStep)
@@ -99,6 +100,8 @@ class Conv(_ConvBase):
             self.window, kept = live
             form = "live" + "".join(f"{k.start}:{k.stop}" for k in kept)
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
+        if w.value is not None:  # a strided one's taps over phase planes, in one compiled product
+            self.plan = conv_core.with_phases(self.plan)
         self.step = None
         if conv_core.GemmStep.serves(self.plan) and x.shape[0] == 1 and w.value is not None and self.conv_shape is None:
             self.step = conv_core.GemmStep(self.plan, self.activation)
@@ -109,6 +112,8 @@ class Conv(_ConvBase):
             if isinstance(self.plan.tiles, conv_core.RowMatrices):  # not tap-major: a form of its own
                 form += "strips"
             self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(weight(), self.plan), form)
+        elif self.plan.method == "gemm-phases":
+            self.w_shifted = self.pack([1], lambda: conv_core.shifted_tiles(weight(), self.plan), form + "tiles")
         elif self.plan.method == "gemm-shifted" and w.value is not None:
             self.plan = conv_core.with_tiles(self.plan)
             if self.plan.tiles.tiled is not None:  # all taps in one compiled product
@@ -169,14 +174,17 @@ class Conv(_ConvBase):
         a, b, window = bands.window_band(self.window, r0, r1)
         # A weight packed for shifted GEMMs is only that: every band runs them (by the compiled
         # product where the weight is packed for it).
-        shifted = self.w_shifted is not None
+        phased = self.plan.method == "gemm-phases"
+        shifted = self.w_shifted is not None and not phased
         tiled = shifted and self.plan.tiles.tiled is not None
 
         def band_plan():
             plan = conv_core.conv_plan(window, self.plan.c_in, self.plan.c_out, self.group, self.plan.dtype,
                                        scratch_limit=scratch_limit, shifted=shifted, row_matrices=False)
+            if phased:
+                return conv_core.with_phases(plan, force=True)
             return conv_core.with_tiles(plan, force=True) if tiled else plan
-        plan = bands.cached(plans, (window, scratch_limit, shifted, tiled), band_plan)
+        plan = bands.cached(plans, (window, scratch_limit, shifted, tiled, phased), band_plan)
 
         def run(args, out, scratch):
             self._conv(args[0], args[1], args[2] if len(args) > 2 else None, out, plan, scratch)

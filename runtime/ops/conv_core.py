@@ -389,7 +389,9 @@ class ConvPlan:
     group: int
     method: str          # "pointwise", "gemm", "gemm-flat" (gemm with flat row copies), "gemm-windows"
                          # (gemm with one strided copy of all windows), "gemm-shifted" (a GEMM per
-                         # tap, no columns), "few-channels" (compiled) or "depthwise"
+                         # tap, no columns), "gemm-phases" (a strided one's taps over phase planes
+                         # in one compiled product: `with_phases`), "few-channels" (compiled) or
+                         # "depthwise"
     tiles: object        # "gemm": ConvTile per tile; "gemm-shifted": a ShiftedGemm; "few-channels": a
                          # CompiledFewChannels; "depthwise": a DepthwisePlan (channels first) or a
                          # DepthwiseTile per tile (channels last)
@@ -684,11 +686,84 @@ def with_tiles(plan, force=False):
 
 
 def shifted_tiles(w, plan):
-    """A `with_tiles` plan's weight (Cout, Cin, kh, kw) in the compiled product's tiles, its K in
-    the order of the plan's `rows_at`: (tap, channel)."""
+    """A `with_tiles` or `with_phases` plan's weight (Cout, Cin, kh, kw) in the compiled product's
+    tiles, its K in the order of the plan's `rows_at`: (tap, channel)."""
     m, c, taps = plan.c_out, plan.c_in, plan.window.taps
     return plan.tiles.tiled.pack(np.asarray(w).reshape(m, c, taps).transpose(0, 2, 1).reshape(m, taps * c),
                                  m, taps * c)
+
+
+@dataclass(frozen=True, eq=False)
+class PhaseProduct:
+    """A strided 2-D convolution of one group (channels first) as one compiled product over its
+    input's phase planes (PhaseGrid): each channel's planes filled by the compiled fill, then every
+    (tap, channel) of K a row of the planes read where it lies (`rows_at`), the sums for each
+    output row `plane_w` wide (the columns past the output's width are dropped), with the bias and
+    the activation, into `span` columns of scratch, and copied out."""
+    tiled: object       # the compiled product (jit.tiled_product_kernel)
+    fills: np.ndarray   # the compiled fill's (phases, 8) of the grid
+    rows_at: np.ndarray  # per (tap, channel), its row's offset in the planes
+    plane_w: int
+    plane_size: int
+    planes_elems: int   # every channel's planes
+    span: int           # (out rows - 1) * plane_w + out width: the columns summed
+
+
+def with_phases(plan, force=False):
+    """An im2col plan of a constant weight made a "gemm-phases" one (its weight packed by
+    `shifted_tiles`) where that serves: compiled kernels on one thread, float32, 2-D, one group,
+    channels first, strided, K = Cin * taps up to SHIFTED_TILED_DEPTH, the planes (about the
+    input's size) and sums, and the weight, each up to twice the scratch a step may take (one tile:
+    what im2col's tiles take, within a few percent, on the layers measured); or where `force`d (a band of one whose
+    weight is packed so). Else the plan as it is."""
+    window = plan.window
+    if plan.method not in ("gemm", "gemm-windows") or plan.layout != CHANNELS_FIRST or plan.group != 1 \
+            or len(window.in_spatial) != 2 or window.strides == (1, 1) or window.taps == 1:
+        return plan
+    k = plan.c_in * window.taps
+    grid = phase_grid(window)
+    planes = plan.c_in * len(grid.fills) * grid.plane_size
+    span = (window.out_spatial[0] - 1) * grid.q_shape[1] + window.out_spatial[1]
+    if not force and not (k <= SHIFTED_TILED_DEPTH and parallel.planned_threads() == 1
+                          and (planes + plan.c_out * span) * plan.dtype.itemsize <= 2 * step_scratch_limit()
+                          and plan.c_out * k * plan.dtype.itemsize <= 2 * step_scratch_limit()):
+        return plan
+    kernel = jit.tiled_product_kernel(plan.dtype)
+    if kernel is None:
+        if force:
+            raise ValueError("the convolution's weight is packed for the compiled product, which is unavailable")
+        return plan
+    compiled = _compiled_planes(window, grid, None)
+    per_channel = len(grid.fills) * grid.plane_size
+    rows_at = np.array([c * per_channel + offset for offset in compiled.offsets for c in range(plan.c_in)], np.int64)
+    how = PhaseProduct(kernel, compiled.fills, rows_at, grid.plane_shape[1], grid.plane_size, planes, span)
+    size_limit.tensor_bytes((planes + plan.c_out * span,), plan.dtype, "the phase planes and their sums")
+    return replace(plan, method="gemm-phases", tiles=how, scratch_elems=planes + plan.c_out * span, windows=None)
+
+
+def _conv_phases(x, w_tiles, bias, out, plan, scratch, activation):
+    """A "gemm-phases" plan (PhaseProduct) over every image: out = activation(conv + bias)."""
+    how, kernel = plan.tiles, plan.tiles.tiled
+    c_out, (rows, width) = plan.c_out, plan.window.out_spatial
+    mode, p0, p1, after = jit.activation_mode(activation, plan.dtype)
+    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, plan.dtype)
+    planes = scratch[:how.planes_elems]
+    sums = scratch[how.planes_elems:how.planes_elems + c_out * how.span].reshape(c_out, how.span)
+    address = blas.address
+    tail = np.empty(kernel.TAIL_SCRATCH, plan.dtype)
+    for n in range(out.shape[0]):
+        kernel.phase_planes(planes, x[n], how.fills, how.plane_w, how.plane_size)
+        kernel.product(address(w_tiles), address(planes), address(how.rows_at), True, how.rows_at.size,
+                       address(bias), sums, address(sums), False, mode, p0, p1, 0, -(-c_out // kernel.MR), 0,
+                       how.span, tail)
+        # output row r is sums[:, r * plane_w:][:width]
+        rows_view = np.lib.stride_tricks.as_strided(sums, (c_out, rows, width),
+                                                    (sums.strides[0], how.plane_w * sums.itemsize, sums.itemsize),
+                                                    writeable=False)
+        np.copyto(out[n], rows_view)
+    if after is not None:
+        apply_activation(out, after)
+    return out
 
 
 def shifted_taps(w, plan):
@@ -907,6 +982,8 @@ def conv(x, w, bias, out, plan, scratch=None, activation=None, blocks=None, resi
         return out
     if scratch is None:
         scratch = np.empty(plan.scratch_elems, plan.dtype)
+    if plan.method == "gemm-phases":  # w packed by shifted_tiles
+        return _conv_phases(x, w, bias, out, plan, scratch, activation)
     if plan.method == "gemm-shifted" and plan.tiles.tiled is not None:  # w packed by shifted_tiles
         return _conv_shifted_tiled(x, w, bias, out, plan, scratch, activation)
     if plan.method == "gemm-shifted":

@@ -1353,3 +1353,79 @@ def test_shifted_convolutions_by_the_compiled_product_only_where_they_pay_and_in
     assert all(plan.steps[i].kernel.plan.tiles.tiled is not None for i in convs)
     assert any(plan.streaming.banded[i] is not None for i in convs)
     assert_close(session.run(None, {"x": x})[0], expected)
+
+
+PHASE_CASES = [
+    # (x shape, w shape, attributes): 2-D, strided, one group
+    ((2, 5, 17, 13), (6, 5, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 3, 30, 28), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),       # a network's stem
+    ((1, 4, 16, 15), (5, 4, 2, 2), {"strides": [2, 2]}),                             # 2x2, unpadded
+    ((1, 6, 19, 20), (7, 6, 3, 3), {"strides": [3, 2], "pads": [0, 1, 2, 1]}),
+    ((1, 4, 21, 18), (3, 4, 3, 3), {"strides": [2, 2], "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 8, 9, 40), (9, 8, 3, 5), {"strides": [1, 2], "pads": [1, 2, 1, 2]}),        # strided along one axis
+]
+
+
+@needs_numba
+@pytest.mark.parametrize("x_shape, w_shape, attrs", PHASE_CASES)
+@pytest.mark.parametrize("activation", [None, "Relu", "HardSwish", "Sigmoid"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_strided_convolutions_by_the_compiled_product_over_phase_planes(x_shape, w_shape, attrs, activation, bias):
+    """A strided convolution's taps over its input's phase planes in one compiled product
+    (`with_phases`), the scratch full of NaN: every phase, padding gap and dropped column as
+    onnxruntime's Conv and the activation compute them."""
+    x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2) if bias else None
+    window = conv_core.make_window(x_shape[2:], w_shape[2:], attrs.get("strides"), attrs.get("dilations"),
+                                   attrs.get("pads"))
+    with jit.chosen(False):  # im2col's plan (compiled kernels would take few channels their own way)
+        plan = conv_core.conv_plan(window, x_shape[1], w_shape[0])
+    with jit.chosen(True):
+        plan = conv_core.with_phases(plan, force=True)
+    assert plan.method == "gemm-phases"
+    inits = [("w", w)] + ([("b", b)] if bias else [])
+    nodes = [helper.make_node("Conv", ["x"] + [n for n, _ in inits], ["c" if activation else "y"], **attrs)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["c"], ["y"]))
+    expected = run_onnxruntime(make_model(nodes, [("x", x)], [("y", None)], inits), {"x": x})[0]
+    out = np.full(expected.shape, np.nan, np.float32)
+    scratch = np.full(plan.scratch_elems, np.nan, np.float32)
+    conv_core.conv(x, conv_core.shifted_tiles(w, plan), b, out, plan, scratch,
+                   activation=(activation, {}) if activation else None)
+    assert_close(out, expected)
+
+
+@needs_numba
+def test_strided_convolutions_of_a_session_over_phase_planes_only_where_they_pay_and_in_bands():
+    """With compiled kernels on one thread a strided convolution's weight is packed in the compiled
+    product's tiles and its taps summed over phase planes; on two threads, and for a strided 1x1
+    (one phase: a subsampling), im2col as before; under a memory budget that runs the step in
+    bands of rows, each band over its own phase planes."""
+    def model_of(x_shape, c_out, kernel, pads):
+        x, w, b = _data(x_shape), _data((c_out, x_shape[1], *kernel), 1) / 8, _data((c_out,), 2)
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[2, 2], pads=pads),
+                 helper.make_node("Relu", ["c"], ["y"])]
+        return make_model(nodes, [("x", x)], [("y", None)], [("w", w), ("b", b)]), {"x": x}
+
+    def method(x_shape, c_out, kernel=(3, 3), pads=(1, 1, 1, 1), threads=1):
+        model, feeds = model_of(x_shape, c_out, kernel, list(pads))
+        session = _tiled_session(model, threads)
+        assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+        return session.plan().steps[0].kernel.plan.method
+    assert method((1, 48, 40, 32), 24) == "gemm-phases"
+    assert method((1, 48, 40, 32), 24, threads=2) != "gemm-phases"
+    assert method((1, 64, 28, 28), 32, kernel=(1, 1), pads=(0, 0, 0, 0)) != "gemm-phases"
+    x, w0, w1, b1 = _data((1, 16, 64, 48)), _data((16, 16, 3, 3), 1) / 12, _data((16, 16, 3, 3), 2) / 12, \
+        _data((16,), 3)
+    feeds = {"x": x}
+    chain = make_model([helper.make_node("Conv", ["x", "w0"], ["x1"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Conv", ["x1", "w1", "b1"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+                        helper.make_node("Relu", ["c"], ["y"])],
+                       [("x", x)], [("y", None)], [("w0", w0), ("w1", w1), ("b1", b1)])
+    expected = run_onnxruntime(chain, feeds)[0]
+    arena = _tiled_session(chain).plan().arena_bytes
+    session = _tiled_session(chain, memory_budget=arena // 6)
+    plan = session.plan()
+    (strided,) = [i for i, step in enumerate(plan.steps) if getattr(step.kernel, "plan", None) is not None
+                  and step.kernel.plan.method == "gemm-phases"]
+    assert plan.streaming.banded[strided] is not None
+    assert_close(session.run(None, feeds)[0], expected)
