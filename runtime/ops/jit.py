@@ -11,9 +11,10 @@ _jit_gemm.py).
 
 They are opt-in, per session (`SessionOptions.compiled_kernels = True`, `nnrun --jit`) or per
 process (`NNRUN_JIT=1`), because numba costs what nnrun exists to save: loading it and the kernel
-takes ~0.35 s and ~115 MB of RSS (~45 MB of it anonymous) once per process, more than a whole
+takes ~0.4 s and ~125 MB of RSS (~55 MB of it anonymous) once per process, more than a whole
 ResNet-50 run holds. Plans that do not ask, or a process without numba, take the numpy paths,
-which compute the same sums.
+which compute the same sums (the compiled products in another order, with fused multiply-adds:
+the last bits differ, as between two BLAS libraries).
 
 A kernel is compiled (or loaded from numba's on-disk cache) when the first plan that uses it is
 made, at PREPARE, so a run never compiles. Asked for where numba is missing or fails to compile,
