@@ -671,18 +671,33 @@ def with_tiles(plan, force=False):
     how = plan.tiles
     if plan.method != "gemm-shifted" or how.tiled is not None:
         return plan
-    k = plan.c_in * plan.window.taps
-    if not force and not (k <= SHIFTED_TILED_DEPTH and parallel.planned_threads() == 1
-                          and plan.c_out * k * plan.dtype.itemsize <= 2 * step_scratch_limit()):
-        return plan
-    kernel = jit.tiled_product_kernel(plan.dtype)
+    kernel = _product_kernel(plan, force)
     if kernel is None:
-        if force:
-            raise ValueError("the convolution's weight is packed for the compiled product, which is unavailable")
         return plan
     plane = (max(r1 - r0 for r0, r1 in how.tiles) + how.halo) * how.width + how.slack
-    rows_at = np.array([c * plane + offset for offset in how.offsets for c in range(plan.c_in)], np.int64)
-    return replace(plan, tiles=replace(how, tiled=kernel, plane=plane, rows_at=rows_at))
+    return replace(plan, tiles=replace(how, tiled=kernel, plane=plane,
+                                       rows_at=_gathered_rows(how.offsets, plan.c_in, plane)))
+
+
+def _product_kernel(plan, force, scratch_bytes=0):
+    """The compiled product for a shifted or phase-plane plan of a constant weight, where it serves
+    (one thread, K up to SHIFTED_TILED_DEPTH, the weight and `scratch_bytes` each up to twice the
+    scratch a step may take) or where `force`d; else None."""
+    k = plan.c_in * plan.window.taps
+    limit = 2 * step_scratch_limit()
+    if not force and not (k <= SHIFTED_TILED_DEPTH and parallel.planned_threads() == 1
+                          and plan.c_out * k * plan.dtype.itemsize <= limit and scratch_bytes <= limit):
+        return None
+    kernel = jit.tiled_product_kernel(plan.dtype)
+    if kernel is None and force:
+        raise ValueError("the convolution's weight is packed for the compiled product, which is unavailable")
+    return kernel
+
+
+def _gathered_rows(offsets, channels, plane):
+    """The compiled product's row offsets of K = (tap, channel): channel c's rows `plane` elements
+    after channel c - 1's, each tap at its offset."""
+    return (np.asarray(offsets, np.int64)[:, None] + np.arange(channels, dtype=np.int64) * plane).reshape(-1)
 
 
 def shifted_tiles(w, plan):
@@ -712,30 +727,22 @@ class PhaseProduct:
 def with_phases(plan, force=False):
     """An im2col plan of a constant weight made a "gemm-phases" one (its weight packed by
     `shifted_tiles`) where that serves: compiled kernels on one thread, float32, 2-D, one group,
-    channels first, strided, K = Cin * taps up to SHIFTED_TILED_DEPTH, the planes (about the
-    input's size) and sums, and the weight, each up to twice the scratch a step may take (one tile:
-    what im2col's tiles take, within a few percent, on the layers measured); or where `force`d (a band of one whose
-    weight is packed so). Else the plan as it is."""
+    channels first, strided, not 1x1, K = Cin * taps up to SHIFTED_TILED_DEPTH, the planes (about
+    the input's size: the whole image is one tile) and sums, and the weight, each up to twice the
+    scratch a step may take; or where `force`d (a band of one whose weight is packed so). Else the
+    plan as it is."""
     window = plan.window
     if plan.method not in ("gemm", "gemm-windows") or plan.layout != CHANNELS_FIRST or plan.group != 1 \
             or len(window.in_spatial) != 2 or window.strides == (1, 1) or window.taps == 1:
         return plan
-    k = plan.c_in * window.taps
     grid = phase_grid(window)
     planes = plan.c_in * len(grid.fills) * grid.plane_size
     span = (window.out_spatial[0] - 1) * grid.q_shape[1] + window.out_spatial[1]
-    if not force and not (k <= SHIFTED_TILED_DEPTH and parallel.planned_threads() == 1
-                          and (planes + plan.c_out * span) * plan.dtype.itemsize <= 2 * step_scratch_limit()
-                          and plan.c_out * k * plan.dtype.itemsize <= 2 * step_scratch_limit()):
-        return plan
-    kernel = jit.tiled_product_kernel(plan.dtype)
+    kernel = _product_kernel(plan, force, (planes + plan.c_out * span) * plan.dtype.itemsize)
     if kernel is None:
-        if force:
-            raise ValueError("the convolution's weight is packed for the compiled product, which is unavailable")
         return plan
     compiled = _compiled_planes(window, grid, None)
-    per_channel = len(grid.fills) * grid.plane_size
-    rows_at = np.array([c * per_channel + offset for offset in compiled.offsets for c in range(plan.c_in)], np.int64)
+    rows_at = _gathered_rows(compiled.offsets, plan.c_in, len(grid.fills) * grid.plane_size)
     how = PhaseProduct(kernel, compiled.fills, rows_at, grid.plane_shape[1], grid.plane_size, planes, span)
     size_limit.tensor_bytes((planes + plan.c_out * span,), plan.dtype, "the phase planes and their sums")
     return replace(plan, method="gemm-phases", tiles=how, scratch_elems=planes + plan.c_out * span, windows=None)

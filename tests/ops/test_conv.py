@@ -171,12 +171,17 @@ def test_without_numba_nnrun_runs_and_compiled_kernels_asked_for_warn_once(tmp_p
         "assert all(isinstance(p.tiles, conv_core.RowMatrices) for p in plans), plans  # numpy's\n"
         "assert len(caught) == 1 and 'nnrun[jit]' in str(caught[0].message), caught\n"
         "print('ok')\n")
+    done = _as_installed(script)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def _as_installed(script):
+    """`script` run by this Python in a fresh process, compiled kernels not asked for."""
     import os
     import subprocess
     import sys
-    env = {k: v for k, v in os.environ.items() if k != "NNRUN_JIT"}  # as installed: not asked for
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    env = {k: v for k, v in os.environ.items() if k != "NNRUN_JIT"}
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_sessions_without_compiled_kernels_never_load_numba_or_llvmlite(tmp_path):
@@ -200,11 +205,7 @@ def test_sessions_without_compiled_kernels_never_load_numba_or_llvmlite(tmp_path
         "session.run(None, {'x': np.ones((1, 16, 64, 64), np.float32)})\n"
         "assert session.plan().steps[1].kernel.plan.method == 'gemm-shifted'\n"
         "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))\n")
-    import os
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "NNRUN_JIT"}  # as installed: not asked for
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    done = _as_installed(script)
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
 
 
