@@ -17,10 +17,17 @@ Columns are taken in chunks whose rows of X stay in L2 while every tile of the w
 them; the last N % 8 columns (a 7x7 image's 49th) by `_tail`, TILES_A_TAIL tiles at once so that
 its sums are independent chains.
 
+X's rows are `ldx` elements apart (a pointwise convolution's image, a band of it), or *gathered*:
+each row where an array of offsets says (a convolution's (tap, channel) rows of K, each a view
+of a padded tile or of phase planes shifted by the tap: conv_core.with_tiles, with_phases, whose
+planes `phase_planes` fills).
+
 Sums are in a different order than BLAS's (and fused multiply-adds), so results differ from the
 library's in the last bits, as one BLAS's differ from another's.
 
-Imported only through `jit.py` (see _jit_depthwise.py for why the leading underscore).
+Imported only through `jit.py` (see _jit_depthwise.py for why the leading underscore). numba
+caches against this file only what it inlines from _jit_activation and _jit_depthwise: after
+editing those, clear this module's __pycache__ as well.
 """
 
 import numpy as np
