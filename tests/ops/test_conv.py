@@ -1364,6 +1364,8 @@ PHASE_CASES = [
     ((1, 6, 19, 20), (7, 6, 3, 3), {"strides": [3, 2], "pads": [0, 1, 2, 1]}),
     ((1, 4, 21, 18), (3, 4, 3, 3), {"strides": [2, 2], "pads": [2, 2, 2, 2], "dilations": [2, 2]}),
     ((1, 8, 9, 40), (9, 8, 3, 5), {"strides": [1, 2], "pads": [1, 2, 1, 2]}),        # strided along one axis
+    ((1, 2, 2, 3), (3, 2, 3, 3), {"strides": [2, 2], "pads": [4, 4, 4, 4]}),         # windows all padding
+    ((1, 2, 1, 7), (3, 2, 3, 3), {"strides": [2, 2], "pads": [2, 1, 2, 1]}),         # a phase all padding
 ]
 
 
