@@ -752,25 +752,41 @@ def _conv_phases(x, w_tiles, bias, out, plan, scratch, activation):
     """A "gemm-phases" plan (PhaseProduct) over every image: out = activation(conv + bias)."""
     how, kernel = plan.tiles, plan.tiles.tiled
     c_out, (rows, width) = plan.c_out, plan.window.out_spatial
-    mode, p0, p1, after = jit.activation_mode(activation, plan.dtype)
-    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, plan.dtype)
     planes = scratch[:how.planes_elems]
     sums = scratch[how.planes_elems:how.planes_elems + c_out * how.span].reshape(c_out, how.span)
-    address = blas.address
-    tail = np.empty(kernel.TAIL_SCRATCH, plan.dtype)
+    gathered = _GatheredProduct(kernel, w_tiles, planes, how.rows_at, bias, c_out, activation)
     for n in range(out.shape[0]):
         kernel.phase_planes(planes, x[n], how.fills, how.plane_w, how.plane_size)
-        kernel.product(address(w_tiles), address(planes), address(how.rows_at), True, how.rows_at.size,
-                       address(bias), sums, address(sums), False, mode, p0, p1, 0, -(-c_out // kernel.MR), 0,
-                       how.span, tail)
+        gathered(sums)
         # output row r is sums[:, r * plane_w:][:width]
         rows_view = np.lib.stride_tricks.as_strided(sums, (c_out, rows, width),
                                                     (sums.strides[0], how.plane_w * sums.itemsize, sums.itemsize),
                                                     writeable=False)
         np.copyto(out[n], rows_view)
-    if after is not None:
-        apply_activation(out, after)
+    if gathered.after is not None:
+        apply_activation(out, gathered.after)
     return out
+
+
+class _GatheredProduct:
+    """The compiled product over a gathered X (`rows_at` into `x`: the kernel's gathered rows) by a
+    weight packed in its tiles, with the bias (zeros for none) and the activation: its arguments
+    made once for a convolution's call, then `(sums)` fills sums (Cout, columns) for each tile;
+    `after` is what is left of the activation to apply."""
+
+    def __init__(self, kernel, w_tiles, x, rows_at, bias, c_out, activation):
+        self.kernel, self.k, self.tiles = kernel, rows_at.size, -(-c_out // kernel.MR)
+        self.mode, self.p0, self.p1, self.after = jit.activation_mode(activation, x.dtype)
+        self.bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, x.dtype)
+        address = blas.address
+        self.addresses = address(w_tiles), address(x), address(rows_at)
+        self.bias_at = address(self.bias)
+        self.tail = np.empty(kernel.TAIL_SCRATCH, x.dtype)
+
+    def __call__(self, sums):
+        w_at, x_at, rows_at = self.addresses
+        self.kernel.product(w_at, x_at, rows_at, True, self.k, self.bias_at, sums, blas.address(sums), False,
+                            self.mode, self.p0, self.p1, 0, self.tiles, 0, sums.shape[1], self.tail)
 
 
 def shifted_taps(w, plan):
@@ -835,23 +851,18 @@ def _conv_shifted_tiled(x, w_tiles, bias, out, plan, scratch, activation):
     how, window = plan.tiles, plan.window
     kernel, c_in, c_out = how.tiled, plan.c_in, plan.c_out
     width, out_width = how.width, window.out_spatial[1]
-    mode, p0, p1, after = jit.activation_mode(activation, plan.dtype)
-    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, plan.dtype)
     planes = scratch[:c_in * how.plane].reshape(c_in, how.plane)
-    address = blas.address
-    w_at, planes_at, rows_at, bias_at = address(w_tiles), address(planes), address(how.rows_at), address(bias)
-    tail = np.empty(kernel.TAIL_SCRATCH, plan.dtype)
+    gathered = _GatheredProduct(kernel, w_tiles, planes, how.rows_at, bias, c_out, activation)
     for n in range(out.shape[0]):
         for r0, r1 in how.tiles:
             rows = r1 - r0
             _padded_tile(x[n], planes[:, :(rows + how.halo) * width + how.slack], how, window, r0, r1)
             span = rows * width
             result = scratch[planes.size:planes.size + c_out * span].reshape(c_out, span)
-            kernel.product(w_at, planes_at, rows_at, True, how.rows_at.size, bias_at, result, address(result), False,
-                           mode, p0, p1, 0, -(-c_out // kernel.MR), 0, span, tail)
+            gathered(result)
             np.copyto(out[n, :, r0:r1], result.reshape(c_out, rows, width)[:, :, :out_width])
-    if after is not None:
-        apply_activation(out, after)
+    if gathered.after is not None:
+        apply_activation(out, gathered.after)
     return out
 
 
