@@ -6,9 +6,10 @@ run) and the image's columns. On the narrow products of mobile networks (K of 16
 to 12,544) OpenBLAS runs at 65-90 GFLOP/s hot on a Zen 4 core and far slower with the weight cold,
 as it is in a model. Here the weight is packed once, at PREPARE, in the order the kernel reads it
 (`pack`: tiles of MR rows, each (K, MR), the rows padded with zeros to a multiple of TILES_A_TAIL
-tiles), and X is read where it lies: a tile of MR rows by NR columns keeps its MR x NV sums in
-vector registers over all of K, each step one broadcast weight a row and NV vector loads of X's
-row, then writes bias, residual and activation with the sums. The tile is written in LLVM's IR
+tiles), and X is read where it lies: a tile of MR rows by NR columns keeps its sums in vector
+registers over all of K (with AVX-512F 8 rows x 3 vectors of 16, else 4 rows x 6 vectors of 8),
+each step one broadcast weight a row and a vector load of X's row a vector of columns, then
+writes bias, residual and activation with the sums. The tile is written in LLVM's IR
 (an `intrinsic`): numba's loops over a local array of sums stay in memory, at a tenth of the
 speed. LLVM picks the instructions for the machine numba compiles for (on x86, AVX2 and FMA are
 required: jit.tiled_product_kernel checks).
@@ -38,20 +39,39 @@ from numba.extending import intrinsic
 
 from ._jit_activation import activate
 from ._jit_depthwise import _fill
-from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY
+from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY, target_features
 
-MR = 4             # rows of the weight a tile
-LANES = 8          # float32 lanes of a vector
-NV = 6             # vectors of columns a tile: MR x NV sums in registers
+LANES = 8          # columns a step of a tile's width: a vector of 8 float32 (AVX2's), the tail's bound
+NV = 6             # steps of LANES columns a tile
 NR = NV * LANES    # columns a tile
-TILES_A_TAIL = 8   # tiles whose sums `_tail` keeps at once (the packed rows are padded to this many)
 CHUNK = 1 << 15    # floats of X's rows a chunk of columns keeps (128 KB, in L2)
-TAIL_SCRATCH = LANES * MR * TILES_A_TAIL  # floats the tail's sums take (`product`'s `tail`)
 
 _F32 = ir.FloatType()
 _I64 = ir.IntType(64)
 _I32 = ir.IntType(32)
 _PTR = ir.PointerType()
+
+
+def _widest_vector():
+    """float32 lanes of the widest vector registers of the CPU numba compiles for: 16 where x86 has
+    AVX-512F, else 8 (where a machine has neither, LLVM splits the vectors as it must)."""
+    return 16 if "+avx512f" in (target_features() or ()) else 8
+
+
+# The tile's shape by the vector registers: with AVX-512F's 32 registers of 16 floats, 8 rows x 3
+# vectors (24 sums), else (AVX2's 16 of 8) 4 rows x 6. Against 4 x 3 of 16, 8 x 3 read X's rows half
+# as often: MobileNetV2's pointwise shapes 1.1-1.5x faster (Xeon, one thread; docs/BENCHMARKS.md).
+WIDEST = _widest_vector()
+MR = 8 if WIDEST == 16 else 4          # rows of the weight a tile
+TILES_A_TAIL = 32 // MR                # tiles whose sums `_tail` keeps at once (the packed rows padded to this many)
+TAIL_SCRATCH = LANES * MR * TILES_A_TAIL  # floats the tail's sums take (`product`'s `tail`)
+FORM = f"tiles{MR}"                    # the weight cache's name of `pack`'s layout
+
+
+def _widths(steps):
+    """The vectors a tile of `steps` x LANES columns keeps a row's sums in: the widest first."""
+    per = WIDEST // LANES
+    return [WIDEST] * (steps // per) + [LANES] * (steps % per)
 
 
 def pack(w, m, k):
@@ -75,12 +95,13 @@ def _at(builder, base, offset):
                        source_etype=_F32)
 
 
-def _sums(builder, vector, k, load_w, load_x, count_w, count_x):
-    """The loop over k of `count_w` x `count_x` vector sums, acc[a][b] += load_w(k, a) * load_x(k, b);
-    returns them after the loop (zero where k is 0)."""
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
-                                         f"llvm.fma.v{vector.count}f32")
-    zero = ir.Constant(vector, [0.0] * vector.count)
+def _sums(builder, vectors, k, load_w, load_x, count_w):
+    """The loop over k of `count_w` x len(vectors) vector sums, acc[a][b] += load_w(k, a, vectors[b]) *
+    load_x(k, b), sum b of type vectors[b]; returns them after the loop (zero where k is 0)."""
+    count_x = len(vectors)
+    fmas = [cgutils.get_or_insert_function(builder.module, ir.FunctionType(v, [v] * 3), f"llvm.fma.v{v.count}f32")
+            for v in vectors]
+    zeros = [ir.Constant(v, [0.0] * v.count) for v in vectors]
     before = builder.block
     loop = builder.function.append_basic_block("sums")
     after = builder.function.append_basic_block("summed")
@@ -88,15 +109,14 @@ def _sums(builder, vector, k, load_w, load_x, count_w, count_x):
     builder.position_at_end(loop)
     step = builder.phi(_I64)
     step.add_incoming(ir.Constant(_I64, 0), before)
-    acc = [[builder.phi(vector) for _ in range(count_x)] for _ in range(count_w)]
+    acc = [[builder.phi(v) for v in vectors] for _ in range(count_w)]
     for row in acc:
-        for p in row:
-            p.add_incoming(zero, before)
+        for b, p in enumerate(row):
+            p.add_incoming(zeros[b], before)
     xs = [load_x(step, b) for b in range(count_x)]
     new = []
     for a in range(count_w):
-        w = load_w(step, a)
-        new.append([builder.call(fma, [w, xs[b], acc[a][b]]) for b in range(count_x)])
+        new.append([builder.call(fmas[b], [load_w(step, a, vectors[b]), xs[b], acc[a][b]]) for b in range(count_x)])
     following = builder.add(step, ir.Constant(_I64, 1))
     end = builder.block
     step.add_incoming(following, end)
@@ -109,8 +129,8 @@ def _sums(builder, vector, k, load_w, load_x, count_w, count_x):
     for a in range(count_w):
         row = []
         for b in range(count_x):
-            p = builder.phi(vector)
-            p.add_incoming(zero, before)
+            p = builder.phi(vectors[b])
+            p.add_incoming(zeros[b], before)
             p.add_incoming(new[a][b], end)
             row.append(p)
         done.append(row)
@@ -144,7 +164,7 @@ def _row(builder, x, step, ldx, gathered):
 
 
 def _tile(nv, gathered):
-    """The intrinsic of a tile of MR rows by nv vectors of columns, over all of K, with its epilogue."""
+    """The intrinsic of a tile of MR rows by nv x LANES columns, over all of K, with its epilogue."""
     @intrinsic
     def tile(typingctx, w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k):
         sig = types.void(types.uintp, types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.uintp,
@@ -153,31 +173,33 @@ def _tile(nv, gathered):
         def codegen(context, builder, signature, args):
             w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k = args
             w, x, out, bias, residual = (builder.inttoptr(a, _PTR) for a in (w, x, out, bias, residual))
-            vector = ir.VectorType(_F32, LANES)
+            widths = _widths(nv)
+            vectors = [ir.VectorType(_F32, width) for width in widths]
+            starts = [sum(widths[:b]) for b in range(len(widths))]
 
-            def load_w(step, a):
+            def load_w(step, a, vector):
                 value = builder.load(_at(builder, w, builder.add(builder.mul(step, ir.Constant(_I64, MR)),
                                                                  ir.Constant(_I64, a))), typ=_F32, align=4)
-                return _splat(builder, value, LANES)
+                return _splat(builder, value, vector.count)
 
             def load_x(step, b):
-                return builder.load(_at(builder, _row(builder, x, step, ldx, gathered), b * LANES), typ=vector,
+                return builder.load(_at(builder, _row(builder, x, step, ldx, gathered), starts[b]), typ=vectors[b],
                                     align=4)
-            sums = _sums(builder, vector, k, load_w, load_x, MR, nv)
-            lo, hi = _splat(builder, p0, LANES), _splat(builder, p1, LANES)
-            zero = ir.Constant(vector, [0.0] * LANES)
+            sums = _sums(builder, vectors, k, load_w, load_x, MR)
             for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
                 with builder.if_then(builder.icmp_signed("==", mode, ir.Constant(_I64, kind))):
                     for a in range(MR):
                         with builder.if_then(builder.icmp_signed(">", rows, ir.Constant(_I64, a))):
                             offset = builder.mul(ir.Constant(_I64, a), ldo)
-                            b_a = _splat(builder, builder.load(_at(builder, bias, a), typ=_F32, align=4), LANES)
-                            for b in range(nv):
-                                at = builder.add(offset, ir.Constant(_I64, b * LANES))
-                                v = builder.fadd(sums[a][b], b_a)
+                            bias_a = builder.load(_at(builder, bias, a), typ=_F32, align=4)
+                            for b, vector in enumerate(vectors):
+                                width = vector.count
+                                at = builder.add(offset, ir.Constant(_I64, starts[b]))
+                                v = builder.fadd(sums[a][b], _splat(builder, bias_a, width))
                                 r = builder.load(_at(builder, residual, at), typ=vector, align=4)
-                                v = builder.fadd(v, builder.select(has_residual, r, zero))
-                                builder.store(_activated(builder, v, kind, lo, hi), _at(builder, out, at), align=4)
+                                v = builder.fadd(v, builder.select(has_residual, r, ir.Constant(vector, [0.0] * width)))
+                                v = _activated(builder, v, kind, _splat(builder, p0, width), _splat(builder, p1, width))
+                                builder.store(v, _at(builder, out, at), align=4)
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -196,14 +218,14 @@ def _tail(columns, gathered):
             vector = ir.VectorType(_F32, MR)
             tile_size = builder.mul(k, ir.Constant(_I64, MR))
 
-            def load_w(step, t):
+            def load_w(step, t, vector):
                 at = builder.add(builder.mul(tile_size, ir.Constant(_I64, t)), builder.mul(step, ir.Constant(_I64, MR)))
                 return builder.load(_at(builder, w, at), typ=vector, align=4)
 
             def load_x(step, c):
                 value = builder.load(_at(builder, _row(builder, x, step, ldx, gathered), c), typ=_F32, align=4)
                 return _splat(builder, value, MR)
-            sums = _sums(builder, vector, k, load_w, load_x, TILES_A_TAIL, columns)
+            sums = _sums(builder, [vector] * columns, k, load_w, load_x, TILES_A_TAIL)
             for t in range(TILES_A_TAIL):
                 for c in range(columns):
                     builder.store(sums[t][c], _at(builder, sums_at, (c * TILES_A_TAIL + t) * MR), align=4)

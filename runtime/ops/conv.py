@@ -113,11 +113,13 @@ class Conv(_ConvBase):
                 form += "strips"
             self.w_taps = self.pack([1], lambda: conv_core.depthwise_taps(weight(), self.plan), form)
         elif self.plan.method == "gemm-phases":
-            self.w_shifted = self.pack([1], lambda: conv_core.shifted_tiles(weight(), self.plan), form + "tiles")
+            self.w_shifted = self.pack([1], lambda: conv_core.shifted_tiles(weight(), self.plan),
+                                       form + self.plan.tiles.tiled.FORM)
         elif self.plan.method == "gemm-shifted" and w.value is not None:
             self.plan = conv_core.with_tiles(self.plan)
             if self.plan.tiles.tiled is not None:  # all taps in one compiled product
-                self.w_shifted = self.pack([1], lambda: conv_core.shifted_tiles(weight(), self.plan), form + "tiles")
+                self.w_shifted = self.pack([1], lambda: conv_core.shifted_tiles(weight(), self.plan),
+                                       form + self.plan.tiles.tiled.FORM)
             else:
                 self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
         elif live is not None:
@@ -128,7 +130,7 @@ class Conv(_ConvBase):
                 "transposed")
         elif self.step is not None and self.step.packs_tiles():
             step = self.step
-            self.w_tiles = self.pack([1], lambda: step.tiled.pack(np.asarray(w.value), step.m, step.k), "tiles")
+            self.w_tiles = self.pack([1], lambda: step.tiled.pack(np.asarray(w.value), step.m, step.k), step.tiled.FORM)
         if self.conv_shape is not None:
             return self.plan.scratch() + [(self.conv_shape, x.dtype)]
         return self.plan.scratch()

@@ -155,12 +155,21 @@ def _vector_fma():
 
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
         return True  # aarch64 and the others numba targets have fused multiply-add in their vectors
+    features = target_features()
+    return features is None or ("+avx2" in features and "+fma" in features)
+
+
+def target_features():
+    """The CPU features numba compiles for, as a set ("+avx2", ...): the host's, or what
+    NUMBA_CPU_FEATURES says (numba's cache keeps code apart by them); None without numba."""
     try:
+        from numba.core import config
         from llvmlite import binding
-        features = binding.get_host_cpu_features().flatten().split(",")
-    except Exception:  # noqa: BLE001 - no llvmlite (no numba): _kernel reports it
-        return True
-    return "+avx2" in features and "+fma" in features
+    except ImportError:  # no numba: _kernel reports it
+        return None
+    if config.CPU_FEATURES is not None:
+        return set(config.CPU_FEATURES.split(","))
+    return set(binding.get_host_cpu_features().flatten().split(","))
 
 
 def elementwise_kernel(name):

@@ -1257,13 +1257,15 @@ def test_no_tiles_where_the_machine_lacks_vector_fused_multiply_add(monkeypatch)
 
 
 @needs_numba
-@pytest.mark.parametrize("rows, columns", [((0, 8), (0, 53)), ((8, 16), (0, 53)), ((0, 16), (16, 53)),
-                                           ((8, 16), (8, 40)), ((0, 16), (0, 0))])
-def test_the_compiled_product_writes_only_its_rows_and_columns(rows, columns):
+@pytest.mark.parametrize("groups, columns", [((0, 1), (0, 53)), ((1, 2), (0, 53)), ((0, 2), (16, 53)),
+                                             ((1, 2), (8, 40)), ((0, 2), (0, 0))])
+def test_the_compiled_product_writes_only_its_rows_and_columns(groups, columns):
     """`product` over tiles [t0, t1) and columns [c0, c1) of a 61 x 53 output writes those and
-    nothing else, W @ X + bias as onnx's reference Gemm computes it."""
+    nothing else, W @ X + bias as onnx's reference Gemm computes it (t0, t1 in groups of
+    TILES_A_TAIL tiles: 32 rows in either form of the tile)."""
     with jit.chosen(True):
         kernel = jit.tiled_product_kernel(np.float32)
+    rows = tuple(g * kernel.TILES_A_TAIL for g in groups)
     w, x, b = _data((61, 30), 1), _data((30, 53), 2), _data((61, 1), 3)
     model = make_model([helper.make_node("Gemm", ["w", "x", "b"], ["y"])], [("w", w), ("x", x), ("b", b)],
                        [("y", None)])
@@ -1277,6 +1279,65 @@ def test_the_compiled_product_writes_only_its_rows_and_columns(rows, columns):
     written[r0:r1, columns[0]:columns[1]] = True
     assert_close(out[written], expected[written], rtol=1e-4)
     assert np.isnan(out[~written]).all()
+
+
+# A child that compiles the product for a Haswell (AVX2 and FMA, no AVX-512), runs it over
+# every kind of column tail and row count, and saves what it wrote.
+_HASWELL_PRODUCTS = """
+import sys
+import numpy as np
+from nnrun.ops import _jit_gemm as kernel, jit
+assert (kernel.MR, kernel.WIDEST) == (4, 8), (kernel.MR, kernel.WIDEST)
+cases = np.load(sys.argv[1])
+outs = {}
+for name in sorted(cases.files):
+    if not name.startswith("w"):
+        continue
+    case = name[1:]
+    w, x, b = cases["w" + case], cases["x" + case], cases["b" + case]
+    (m, k), n = w.shape, x.shape[1]
+    packed, out = kernel.pack(w, m, k), np.full((m, n), np.nan, np.float32)
+    kernel.product(packed.ctypes.data, x.ctypes.data, n, False, k, b.ctypes.data, out, out.ctypes.data, False,
+                   jit.HARD_SWISH, np.float32(1 / 6), np.float32(0.5), 0, 1 << 30, 0, n,
+                   np.empty(kernel.TAIL_SCRATCH, np.float32))
+    outs["y" + case] = out
+np.savez(sys.argv[2], **outs)
+"""
+_HASWELL = {"NUMBA_CPU_NAME": "haswell",
+            "NUMBA_CPU_FEATURES": "+avx,+avx2,+bmi,+bmi2,+cx16,+f16c,+fma,+lzcnt,+movbe,+popcnt,+sse,+sse2,+sse3,"
+                                  "+sse4.1,+sse4.2,+ssse3"}
+
+
+@needs_numba
+def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
+    """Where numba compiles for AVX-512F the product's tile is 8 rows x 3 vectors of 16 floats,
+    which this suite tests; a machine with AVX2 only gets 4 rows x 6 vectors of 8. That form,
+    compiled here for a Haswell in a child process (numba's NUMBA_CPU_NAME and NUMBA_CPU_FEATURES;
+    its cache keeps code for the two targets apart), computes HardSwish(W @ X + bias) as onnx's
+    reference evaluator does: whole tiles, partial ones, column tails, rows not a multiple of a
+    tile's."""
+    import os
+    import subprocess
+    import sys
+
+    if "+avx512f" not in (jit.target_features() or ()):
+        pytest.skip("numba compiles for AVX2 here: the suite's own tests run that form")
+    shapes = [(24, 16, 96), (37, 3, 49), (64, 32, 196), (33, 24, 45), (130, 64, 15), (8, 1024, 12), (61, 30, 53)]
+    cases = {}
+    for i, (m, k, n) in enumerate(shapes):
+        cases[f"w{i}"], cases[f"x{i}"], cases[f"b{i}"] = _data((m, k), i), _data((k, n), 10 + i), _data((m,), 20 + i)
+    np.savez(tmp_path / "cases.npz", **cases)
+    child = subprocess.run([sys.executable, "-c", _HASWELL_PRODUCTS, str(tmp_path / "cases.npz"),
+                            str(tmp_path / "outs.npz")], env={**os.environ, **_HASWELL}, capture_output=True,
+                           text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    outs = np.load(tmp_path / "outs.npz")
+    for i, (m, k, n) in enumerate(shapes):
+        feeds = {"w": cases[f"w{i}"], "x": cases[f"x{i}"], "b": cases[f"b{i}"].reshape(m, 1)}
+        nodes = [helper.make_node("Gemm", ["w", "x", "b"], ["g"]), helper.make_node("HardSwish", ["g"], ["y"])]
+        model = make_model(nodes, list(feeds.items()), [("y", None)])
+        expected = run_reference(model, feeds)[0]
+        assert_close(outs[f"y{i}"], expected, rtol=1e-4)
 
 
 @needs_numba
@@ -1331,7 +1392,8 @@ def test_shifted_convolutions_of_a_session_by_the_compiled_product(activation, r
     session = _tiled_session(model)
     conv = session.plan().steps[0].kernel
     assert conv.plan.method == "gemm-shifted" and conv.plan.tiles.tiled is not None
-    assert conv.w_shifted.shape == (8, 144, 4) and conv.packed == frozenset([1])  # 24 rows padded to 32
+    mr = conv.plan.tiles.tiled.MR  # 24 rows padded to 32: tiles of MR rows
+    assert conv.w_shifted.shape == (32 // mr, 144, mr) and conv.packed == frozenset([1])
     assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
 
 
