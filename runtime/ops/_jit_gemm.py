@@ -27,19 +27,19 @@ Sums are in a different order than BLAS's (and fused multiply-adds), so results 
 library's in the last bits, as one BLAS's differ from another's.
 
 Imported only through `jit.py` (see _jit_depthwise.py for why the leading underscore). numba
-caches against this file only what it inlines from _jit_activation and _jit_depthwise: after
+caches against this file only what it inlines from _jit_activation, _jit_depthwise and _jit_vector: after
 editing those, clear this module's __pycache__ as well.
 """
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._jit_activation import activate
 from ._jit_depthwise import _fill
-from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY, target_features
+from ._jit_vector import I64, PTR, WIDEST, activated, element_at, fma, splat
+from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY
 
 LANES = 8          # columns a step of a tile's width: a vector of 8 float32 (AVX2's), the tail's bound
 NV = 6             # steps of LANES columns a tile
@@ -47,21 +47,11 @@ NR = NV * LANES    # columns a tile
 CHUNK = 1 << 15    # floats of X's rows a chunk of columns keeps (128 KB, in L2)
 
 _F32 = ir.FloatType()
-_I64 = ir.IntType(64)
-_I32 = ir.IntType(32)
-_PTR = ir.PointerType()
-
-
-def _widest_vector():
-    """float32 lanes of the widest vector registers of the CPU numba compiles for: 16 where x86 has
-    AVX-512F, else 8 (where a machine has neither, LLVM splits the vectors as it must)."""
-    return 16 if "+avx512f" in (target_features() or ()) else 8
 
 
 # The tile's shape by the vector registers: with AVX-512F's 32 registers of 16 floats, 8 rows x 3
 # vectors (24 sums), else (AVX2's 16 of 8) 4 rows x 6. Against 4 x 3 of 16, 8 x 3 read X's rows half
 # as often: MobileNetV2's pointwise shapes 1.1-1.5x faster (Xeon, one thread; docs/BENCHMARKS.md).
-WIDEST = _widest_vector()
 MR = 8 if WIDEST == 16 else 4          # rows of the weight a tile
 TILES_A_TAIL = 32 // MR                # tiles whose sums `_tail` keeps at once (the packed rows padded to this many)
 TAIL_SCRATCH = LANES * MR * TILES_A_TAIL  # floats the tail's sums take (`product`'s `tail`)
@@ -83,32 +73,23 @@ def pack(w, m, k):
     return np.ascontiguousarray(padded.reshape(rows // MR, MR, k).transpose(0, 2, 1))
 
 
-def _splat(builder, value, width):
-    vector = ir.VectorType(value.type, width)
-    first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined), ir.Constant(ir.VectorType(_I32, width),
-                                                                                      [0] * width))
-
-
 def _at(builder, base, offset):
-    return builder.gep(base, [offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)],
-                       source_etype=_F32)
+    return element_at(builder, base, offset, _F32)
 
 
 def _sums(builder, vectors, k, load_w, load_x, count_w):
     """The loop over k of `count_w` x len(vectors) vector sums, acc[a][b] += load_w(k, a, vectors[b]) *
     load_x(k, b), sum b of type vectors[b]; returns them after the loop (zero where k is 0)."""
     count_x = len(vectors)
-    fmas = [cgutils.get_or_insert_function(builder.module, ir.FunctionType(v, [v] * 3), f"llvm.fma.v{v.count}f32")
-            for v in vectors]
+    fmas = [fma(builder, v) for v in vectors]
     zeros = [ir.Constant(v, [0.0] * v.count) for v in vectors]
     before = builder.block
     loop = builder.function.append_basic_block("sums")
     after = builder.function.append_basic_block("summed")
-    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(_I64, 0)), loop, after)
+    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(I64, 0)), loop, after)
     builder.position_at_end(loop)
-    step = builder.phi(_I64)
-    step.add_incoming(ir.Constant(_I64, 0), before)
+    step = builder.phi(I64)
+    step.add_incoming(ir.Constant(I64, 0), before)
     acc = [[builder.phi(v) for v in vectors] for _ in range(count_w)]
     for row in acc:
         for b, p in enumerate(row):
@@ -117,7 +98,7 @@ def _sums(builder, vectors, k, load_w, load_x, count_w):
     new = []
     for a in range(count_w):
         new.append([builder.call(fmas[b], [load_w(step, a, vectors[b]), xs[b], acc[a][b]]) for b in range(count_x)])
-    following = builder.add(step, ir.Constant(_I64, 1))
+    following = builder.add(step, ir.Constant(I64, 1))
     end = builder.block
     step.add_incoming(following, end)
     for a in range(count_w):
@@ -137,30 +118,13 @@ def _sums(builder, vectors, k, load_w, load_x, count_w):
     return done
 
 
-def _activated(builder, v, mode, p0, p1):
-    """v through the activation `mode` (a constant of jit's), as _jit_activation.activate computes
-    it (no fused multiply-add; NaN stays NaN under a clamp)."""
-    vector = v.type
-    zero = ir.Constant(vector, [0.0] * vector.count)
-    if mode == CLAMP:
-        v = builder.select(builder.fcmp_ordered("<", v, p0), p0, v)
-        return builder.select(builder.fcmp_ordered(">", v, p1), p1, v)
-    if mode == LEAKY:
-        return builder.select(builder.fcmp_ordered(">=", v, zero), v, builder.fmul(v, p0))
-    one = ir.Constant(vector, [1.0] * vector.count)
-    f = builder.fadd(builder.fmul(v, p0), p1)
-    f = builder.select(builder.fcmp_ordered("<", f, zero), zero, f)
-    f = builder.select(builder.fcmp_ordered(">", f, one), one, f)
-    return builder.fmul(v, f) if mode == HARD_SWISH else f
-
-
 def _row(builder, x, step, ldx, gathered):
     """Where row `step` of X starts: `ldx` elements apart, or (`gathered`) at the offset the int64
     array at address `ldx` holds for it."""
     if not gathered:
         return _at(builder, x, builder.mul(step, ldx))
-    offsets = builder.inttoptr(ldx, _PTR)
-    return _at(builder, x, builder.load(builder.gep(offsets, [step], source_etype=_I64), typ=_I64, align=8))
+    offsets = builder.inttoptr(ldx, PTR)
+    return _at(builder, x, builder.load(builder.gep(offsets, [step], source_etype=I64), typ=I64, align=8))
 
 
 def _tile(nv, gathered):
@@ -172,33 +136,33 @@ def _tile(nv, gathered):
 
         def codegen(context, builder, signature, args):
             w, x, ldx, out, ldo, bias, residual, has_residual, rows, mode, p0, p1, k = args
-            w, x, out, bias, residual = (builder.inttoptr(a, _PTR) for a in (w, x, out, bias, residual))
+            w, x, out, bias, residual = (builder.inttoptr(a, PTR) for a in (w, x, out, bias, residual))
             widths = _widths(nv)
             vectors = [ir.VectorType(_F32, width) for width in widths]
             starts = [sum(widths[:b]) for b in range(len(widths))]
 
             def load_w(step, a, vector):
-                value = builder.load(_at(builder, w, builder.add(builder.mul(step, ir.Constant(_I64, MR)),
-                                                                 ir.Constant(_I64, a))), typ=_F32, align=4)
-                return _splat(builder, value, vector.count)
+                value = builder.load(_at(builder, w, builder.add(builder.mul(step, ir.Constant(I64, MR)),
+                                                                 ir.Constant(I64, a))), typ=_F32, align=4)
+                return splat(builder, value, vector.count)
 
             def load_x(step, b):
                 return builder.load(_at(builder, _row(builder, x, step, ldx, gathered), starts[b]), typ=vectors[b],
                                     align=4)
             sums = _sums(builder, vectors, k, load_w, load_x, MR)
             for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
-                with builder.if_then(builder.icmp_signed("==", mode, ir.Constant(_I64, kind))):
+                with builder.if_then(builder.icmp_signed("==", mode, ir.Constant(I64, kind))):
                     for a in range(MR):
-                        with builder.if_then(builder.icmp_signed(">", rows, ir.Constant(_I64, a))):
-                            offset = builder.mul(ir.Constant(_I64, a), ldo)
+                        with builder.if_then(builder.icmp_signed(">", rows, ir.Constant(I64, a))):
+                            offset = builder.mul(ir.Constant(I64, a), ldo)
                             bias_a = builder.load(_at(builder, bias, a), typ=_F32, align=4)
                             for b, vector in enumerate(vectors):
                                 width = vector.count
-                                at = builder.add(offset, ir.Constant(_I64, starts[b]))
-                                v = builder.fadd(sums[a][b], _splat(builder, bias_a, width))
+                                at = builder.add(offset, ir.Constant(I64, starts[b]))
+                                v = builder.fadd(sums[a][b], splat(builder, bias_a, width))
                                 r = builder.load(_at(builder, residual, at), typ=vector, align=4)
                                 v = builder.fadd(v, builder.select(has_residual, r, ir.Constant(vector, [0.0] * width)))
-                                v = _activated(builder, v, kind, _splat(builder, p0, width), _splat(builder, p1, width))
+                                v = activated(builder, v, kind, splat(builder, p0, width), splat(builder, p1, width))
                                 builder.store(v, _at(builder, out, at), align=4)
             return context.get_dummy_value()
         return sig, codegen
@@ -214,17 +178,17 @@ def _tail(columns, gathered):
 
         def codegen(context, builder, signature, args):
             w, x, ldx, sums_at, k = args
-            w, x, sums_at = (builder.inttoptr(a, _PTR) for a in (w, x, sums_at))
+            w, x, sums_at = (builder.inttoptr(a, PTR) for a in (w, x, sums_at))
             vector = ir.VectorType(_F32, MR)
-            tile_size = builder.mul(k, ir.Constant(_I64, MR))
+            tile_size = builder.mul(k, ir.Constant(I64, MR))
 
             def load_w(step, t, vector):
-                at = builder.add(builder.mul(tile_size, ir.Constant(_I64, t)), builder.mul(step, ir.Constant(_I64, MR)))
+                at = builder.add(builder.mul(tile_size, ir.Constant(I64, t)), builder.mul(step, ir.Constant(I64, MR)))
                 return builder.load(_at(builder, w, at), typ=vector, align=4)
 
             def load_x(step, c):
                 value = builder.load(_at(builder, _row(builder, x, step, ldx, gathered), c), typ=_F32, align=4)
-                return _splat(builder, value, MR)
+                return splat(builder, value, MR)
             sums = _sums(builder, [vector] * columns, k, load_w, load_x, TILES_A_TAIL)
             for t in range(TILES_A_TAIL):
                 for c in range(columns):

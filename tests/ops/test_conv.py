@@ -1301,6 +1301,13 @@ for name in sorted(cases.files):
                    jit.HARD_SWISH, np.float32(1 / 6), np.float32(0.5), 0, 1 << 30, 0, n,
                    np.empty(kernel.TAIL_SCRATCH, np.float32))
     outs["y" + case] = out
+import nnrun
+options = nnrun.SessionOptions()
+options.compiled_kernels, options.intra_op_num_threads, options.weight_cache_dir = True, 1, None
+for name in sorted(cases.files):
+    if name.startswith("model"):
+        session = nnrun.InferenceSession(cases[name].tobytes(), options)
+        outs["y" + name] = session.run(None, {"x": cases["x" + name]})[0]
 np.savez(sys.argv[2], **outs)
 """
 _HASWELL = {"NUMBA_CPU_NAME": "haswell",
@@ -1310,12 +1317,14 @@ _HASWELL = {"NUMBA_CPU_NAME": "haswell",
 
 @needs_numba
 def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
-    """Where numba compiles for AVX-512F the product's tile is 8 rows x 3 vectors of 16 floats,
-    which this suite tests; a machine with AVX2 only gets 4 rows x 6 vectors of 8. That form,
-    compiled here for a Haswell in a child process (numba's NUMBA_CPU_NAME and NUMBA_CPU_FEATURES;
-    its cache keeps code for the two targets apart), computes HardSwish(W @ X + bias) as onnx's
-    reference evaluator does: whole tiles, partial ones, column tails, rows not a multiple of a
-    tile's."""
+    """Where numba compiles for AVX-512F the product's tile is 8 rows x 3 vectors of 16 floats and
+    a 3x3 depthwise row is summed in vectors of 16, which this suite tests; a machine with AVX2
+    only gets 4 rows x 6 vectors of 8, and vectors of 8. That form, compiled here for a Haswell in
+    a child process (numba's NUMBA_CPU_NAME and NUMBA_CPU_FEATURES; its cache keeps code for the
+    two targets apart), computes HardSwish(W @ X + bias) as onnx's reference evaluator does (whole
+    tiles, partial ones, column tails, rows not a multiple of a tile's), and depthwise
+    convolutions as onnxruntime does (rows of whole vectors and a masked last one, strides 1 and
+    2)."""
     import os
     import subprocess
     import sys
@@ -1326,6 +1335,12 @@ def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
     cases = {}
     for i, (m, k, n) in enumerate(shapes):
         cases[f"w{i}"], cases[f"x{i}"], cases[f"b{i}"] = _data((m, k), i), _data((k, n), 10 + i), _data((m,), 20 + i)
+    depthwise = [((1, 16, 19, 19), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+                 ((1, 8, 7, 32), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]})]
+    for i, (x_shape, w_shape, attrs) in enumerate(depthwise):
+        model, x = _conv_activation_model(x_shape, w_shape, dict(attrs, group=x_shape[1]), "Relu", True)
+        cases[f"model{i}"] = np.frombuffer(model.SerializeToString(), np.uint8)
+        cases[f"xmodel{i}"] = x
     np.savez(tmp_path / "cases.npz", **cases)
     child = subprocess.run([sys.executable, "-c", _HASWELL_PRODUCTS, str(tmp_path / "cases.npz"),
                             str(tmp_path / "outs.npz")], env={**os.environ, **_HASWELL}, capture_output=True,
@@ -1338,6 +1353,9 @@ def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
         model = make_model(nodes, list(feeds.items()), [("y", None)])
         expected = run_reference(model, feeds)[0]
         assert_close(outs[f"y{i}"], expected, rtol=1e-4)
+    for i, (x_shape, w_shape, attrs) in enumerate(depthwise):
+        model, x = _conv_activation_model(x_shape, w_shape, dict(attrs, group=x_shape[1]), "Relu", True)
+        assert_close(outs[f"ymodel{i}"], run_onnxruntime(model, {"x": x})[0], rtol=1e-4)
 
 
 @needs_numba

@@ -1,0 +1,149 @@
+"""Explicit vector code for the compiled kernels (the `jit` extra), written in LLVM's IR through
+numba `intrinsic`s: where numba's loops leave speed behind. LLVM vectorises a numba loop to the
+width it prefers (256 bits on the x86 CPUs that have AVX-512) and keeps a multiply and an add
+apart (no fused multiply-add without fastmath); here the vectors are the CPU's widest and the
+sums fused multiply-adds.
+
+`WIDEST` is the float32 lanes of the widest vector of the CPU numba compiles for (16 with
+AVX-512F, else 8); `splat`, `element_at`, `fma`, `activated` the pieces the kernels' IR is made of
+(_jit_gemm's tiles); `nine_taps_row` a 3x3 depthwise convolution's output row from nine shifted
+rows of its planes (_jit_depthwise).
+
+Imported only through the kernels' modules, which `jit.py` imports once numba is known to be
+there (see _jit_depthwise.py for why the leading underscore). numba caches the kernels that inline
+these against their own files only: after editing this one, clear the __pycache__ of _jit_gemm
+and _jit_depthwise as well.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY, target_features
+
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+
+
+def _widest_vector():
+    """float32 lanes of the widest vector registers of the CPU numba compiles for: 16 where x86 has
+    AVX-512F, else 8 (where a machine has neither, LLVM splits the vectors as it must)."""
+    return 16 if "+avx512f" in (target_features() or ()) else 8
+
+
+WIDEST = _widest_vector()
+
+
+def splat(builder, value, width):
+    """A vector of `width` copies of the scalar `value`."""
+    vector = ir.VectorType(value.type, width)
+    first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, width), [0] * width))
+
+
+def untyped(builder, pointer):
+    """`pointer` (numba's arrays' typed pointers) as LLVM's opaque pointer, to address by element_at."""
+    return builder.inttoptr(builder.ptrtoint(pointer, I64), PTR)
+
+
+def element_at(builder, base, offset, element):
+    """The address of element `offset` (an int64 value or a Python int) of type `element` from `base`."""
+    offset = offset if isinstance(offset, ir.Value) else ir.Constant(I64, offset)
+    return builder.gep(base, [offset], source_etype=element)
+
+
+def fma(builder, vector):
+    """LLVM's fused multiply-add of `vector`s: a function to call with (a, b, c) for a * b + c."""
+    name = f"llvm.fma.v{vector.count}{'f32' if vector.element == ir.FloatType() else 'f64'}"
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3), name)
+
+
+def activated(builder, v, mode, p0, p1):
+    """The vector v through the activation `mode` (a constant of jit's) with parameters p0, p1
+    (vectors like v), as _jit_activation.activate computes it (no fused multiply-add; NaN stays
+    NaN under a clamp)."""
+    vector = v.type
+    zero = ir.Constant(vector, [0.0] * vector.count)
+    if mode == CLAMP:
+        v = builder.select(builder.fcmp_ordered("<", v, p0), p0, v)
+        return builder.select(builder.fcmp_ordered(">", v, p1), p1, v)
+    if mode == LEAKY:
+        return builder.select(builder.fcmp_ordered(">=", v, zero), v, builder.fmul(v, p0))
+    one = ir.Constant(vector, [1.0] * vector.count)
+    f = builder.fadd(builder.fmul(v, p0), p1)
+    f = builder.select(builder.fcmp_ordered("<", f, zero), zero, f)
+    f = builder.select(builder.fcmp_ordered(">", f, one), one, f)
+    return builder.fmul(v, f) if mode == HARD_SWISH else f
+
+
+def _masked(builder, vector, what):
+    """LLVM's masked load or store of `vector`s (what: "load" or "store")."""
+    mask = ir.VectorType(ir.IntType(1), vector.count)
+    suffix = f"v{vector.count}{'f32' if vector.element == ir.FloatType() else 'f64'}.p0"
+    if what == "load":
+        kind = ir.FunctionType(vector, [PTR, I32, mask, vector])
+    else:
+        kind = ir.FunctionType(ir.VoidType(), [vector, PTR, I32, mask])
+    return cgutils.get_or_insert_function(builder.module, kind, f"llvm.masked.{what}.{suffix}")
+
+
+@intrinsic
+def nine_taps_row(typingctx, planes, offsets, w, row, start, bias, mode, p0, p1):
+    """row[k] = the activation `mode` (p0, p1) of sum over taps t < 9 of w[t] * planes[offsets[t] +
+    start + k] + bias, for every k of row: a 3x3 depthwise convolution's output row straight from
+    a channel's flat phase planes (_jit_depthwise.depthwise), with no sums kept between. Vectors of
+    the CPU's widest, each tap a fused multiply-add, the last vector masked; the activation as
+    _jit_activation.activate's. planes: a contiguous 1-D float array; offsets: int64, each tap's
+    start in it; w: the taps' weights, 1-D, strided; row: contiguous, of planes' type."""
+    if not (isinstance(planes, types.Array) and planes.dtype in (types.float32, types.float64)
+            and row.dtype == w.dtype == planes.dtype):
+        return None
+    sig = types.void(planes, offsets, w, row, start, bias, mode, p0, p1)
+
+    def codegen(context, builder, signature, args):
+        planes_v, offsets_v, w_v, row_v, start_v, bias_v, mode_v, p0_v, p1_v = args
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in range(4)]
+        planes_a, offsets_a, w_a, row_a = arrays
+        element = context.get_value_type(signature.args[0].dtype)
+        single = signature.args[0].dtype == types.float32
+        width = WIDEST if single else WIDEST // 2
+        vector = ir.VectorType(element, width)
+        w_step = builder.sdiv(cgutils.unpack_tuple(builder, w_a.strides, 1)[0], ir.Constant(I64, 4 if single else 8))
+        n = cgutils.unpack_tuple(builder, row_a.shape, 1)[0]
+        base = untyped(builder, planes_a.data)
+        taps = []
+        for tap in range(9):
+            begin = builder.load(element_at(builder, untyped(builder, offsets_a.data), tap, I64), typ=I64)
+            weight = builder.load(element_at(builder, untyped(builder, w_a.data),
+                                             builder.mul(ir.Constant(I64, tap), w_step), element), typ=element)
+            at = element_at(builder, base, builder.add(begin, start_v), element)
+            taps.append((at, splat(builder, weight, width)))
+        out = untyped(builder, row_a.data)
+        add = fma(builder, vector)
+        zero = ir.Constant(vector, [0.0] * width)
+        b, lo, hi = (splat(builder, value, width) for value in (bias_v, p0_v, p1_v))
+        whole = builder.mul(builder.sdiv(n, ir.Constant(I64, width)), ir.Constant(I64, width))
+        left = builder.sub(n, whole)
+        lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+        mask = builder.icmp_signed("<", lanes, splat(builder, left, width))
+        masked_load, masked_store = _masked(builder, vector, "load"), _masked(builder, vector, "store")
+
+        def value(k, load, kind):
+            v = zero
+            for begin, weight in taps:
+                v = builder.call(add, [weight, load(element_at(builder, begin, k, element)), v])
+            return activated(builder, builder.fadd(v, b), kind, lo, hi)
+
+        for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
+            with builder.if_then(builder.icmp_signed("==", mode_v, ir.Constant(I64, kind))):
+                with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (k, _):
+                    v = value(k, lambda at: builder.load(at, typ=vector, align=1), kind)
+                    builder.store(v, element_at(builder, out, k, element), align=1)
+                with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
+                    v = value(whole, lambda at: builder.call(masked_load, [at, ir.Constant(I32, 1), mask, zero]), kind)
+                    builder.call(masked_store, [v, element_at(builder, out, whole, element), ir.Constant(I32, 1), mask])
+        return context.get_dummy_value()
+    return sig, codegen
