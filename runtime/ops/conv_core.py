@@ -1807,7 +1807,9 @@ COMPILED_MIN_ROW = 128
 # vectorise there. Measured, one thread, HardSwish fused: 960x7x7 3x3 260 -> 115 us, 512x7x7 5x5
 # 324 -> 92 us, 576x14x14 3x3 280 -> 221 us; at 28x28 the channels-first kernel is faster (192
 # channels: 220 against 275 us), and so it is for a few long rows (PP-OCR's classifier, 200
-# channels of 2x96, 5x5: 86 against 124 us; 104 of 3x96 -> 2x96: 53 against 70 us).
+# channels of 2x96, 5x5: 86 against 124 us; 104 of 3x96 -> 2x96: 53 against 70 us) and for
+# input rows longer (stride 2 from 28x28 to 14x14, Xeon, 3x3 rows of vectors of 16: 192 channels
+# 246 -> 230 us and 183 -> 147, 256 channels 281 -> 234, 128 channels 123 -> 112).
 CHANNELS_LAST_MAX_PIXELS = 196
 CHANNELS_LAST_MAX_WIDTH = 14
 
@@ -1819,7 +1821,7 @@ def _compiled_depthwise(window, channels, multiplier, dtype):
         return None
     window = _as_2d(window)
     if (multiplier == 1 and math.prod(window.out_spatial) <= CHANNELS_LAST_MAX_PIXELS
-            and window.out_spatial[-1] <= CHANNELS_LAST_MAX_WIDTH):
+            and window.out_spatial[-1] <= CHANNELS_LAST_MAX_WIDTH and window.in_spatial[-1] <= CHANNELS_LAST_MAX_WIDTH):
         kernel = jit.depthwise_channels_last_kernel(dtype)
         if kernel is None:
             return None
