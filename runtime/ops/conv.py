@@ -100,8 +100,8 @@ class Conv(_ConvBase):
             self.window, kept = live
             form = "live" + "".join(f"{k.start}:{k.stop}" for k in kept)
         self.plan = conv_core.conv_plan(self.window, x.shape[1], w.shape[0], self.group, x.dtype)
-        if w.value is not None:  # a strided one's taps over phase planes, in one compiled product
-            self.plan = conv_core.with_phases(self.plan)
+        if w.value is not None:  # all taps in one compiled product: a strided one's over phase planes
+            self.plan = conv_core.with_phases(conv_core.with_tiles(self.plan))
         self.step = None
         if conv_core.GemmStep.serves(self.plan) and x.shape[0] == 1 and w.value is not None and self.conv_shape is None:
             self.step = conv_core.GemmStep(self.plan, self.activation)

@@ -671,6 +671,38 @@ def test_which_convolutions_take_the_few_channels_kernel(monkeypatch):
 
 
 @needs_numba
+@pytest.mark.parametrize("x_shape, w_shape, attrs, method", [
+    ((1, 3, 64, 70), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "gemm-shifted"),                # U-Net's stem
+    ((2, 3, 66, 64), (24, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, "gemm-phases"),  # MobileNet's
+    ((1, 1, 120, 100), (8, 1, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2]}, "gemm-phases"),
+])
+@pytest.mark.parametrize("activation", ["Relu", "HardSwish"])
+def test_stems_by_the_compiled_product_on_one_thread(x_shape, w_shape, attrs, method, activation):
+    """With compiled kernels on one thread a stem's convolution (few input channels, few taps) sums
+    its taps by the compiled product (conv_core.STEMS_BY_PRODUCT) over padded tiles (stride 1) or
+    phase planes (strided), its weight packed in the product's tiles; on two threads the
+    few-channels kernel as before; under a memory budget in bands of rows. Against onnxruntime."""
+    model, x = _conv_activation_model(x_shape, w_shape, attrs, activation, True)
+    expected = run_onnxruntime(model, {"x": x})[0]
+    session = _tiled_session(model)
+    conv = session.plan().steps[0].kernel
+    assert conv.plan.method == method and conv.w_shifted is not None and conv.packed == frozenset([1])
+    assert_close(session.run(None, {"x": x})[0], expected)
+    assert _tiled_session(model, threads=2).plan().steps[0].kernel.plan.method == "few-channels"
+    from onnx import numpy_helper
+
+    chain = make_model([helper.make_node("Relu", ["x"], ["r"])] + list(model.graph.node), [("x", x)], [("y", None)],
+                       [(t.name, numpy_helper.to_array(t)) for t in model.graph.initializer])
+    chain.graph.node[1].input[0] = "r"
+    arena = _tiled_session(chain).plan().arena_bytes
+    banded = _tiled_session(chain, memory_budget=arena // 3)
+    plan = banded.plan()
+    (stem,) = [i for i, step in enumerate(plan.steps) if step.kernel.node.op_type == "Conv"]
+    assert plan.steps[stem].kernel.plan.method == method and plan.streaming.banded[stem] is not None
+    assert_close(banded.run(None, {"x": x})[0], run_onnxruntime(chain, {"x": x})[0])
+
+
+@needs_numba
 def test_a_few_channel_convolution_reads_its_weight_in_blocks(monkeypatch):
     monkeypatch.setenv("NNRUN_JIT", "1")
     x, w, b = _data((2, 3, 10, 9)), _data((7, 3, 3, 3), 1), _data((7,), 2)
