@@ -629,14 +629,14 @@ class ShiftedGemm:
     rows_at: object = field(default=None, compare=False)
 
 
-def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, force=False,
-                  min_channels=SHIFTED_MIN_CHANNELS):
+def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, force=False, min_channels=None):
     """A ShiftedGemm for the convolution where it may run (and, unless `force`, pays: its input
-    channels from `min_channels`, fewer where the compiled product sums all taps at once), else
-    None."""
+    channels from `min_channels`, SHIFTED_MIN_CHANNELS unless given, fewer where the compiled
+    product sums all taps at once), else None."""
     if (layout != CHANNELS_FIRST or group != 1 or len(window.in_spatial) != 2 or window.strides != (1, 1)
             or blas.kernel(dtype) is None):
         return None
+    min_channels = SHIFTED_MIN_CHANNELS if min_channels is None else min_channels
     if not force and (c_in < min_channels or c_out < SHIFTED_MIN_OUT_CHANNELS
                       or math.prod(window.out_spatial) < SHIFTED_MIN_PIXELS
                       or c_out * c_in * window.taps * dtype.itemsize > SHIFTED_MAX_WEIGHT):
