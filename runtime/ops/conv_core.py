@@ -629,17 +629,16 @@ class ShiftedGemm:
     rows_at: object = field(default=None, compare=False)
 
 
-def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, force=False, min_channels=None):
-    """A ShiftedGemm for the convolution where it may run (and, unless `force`, pays: its input
-    channels from `min_channels`, SHIFTED_MIN_CHANNELS unless given, fewer where the compiled
-    product sums all taps at once), else None."""
+def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, force=False, by_product=False):
+    """A ShiftedGemm for the convolution where it may run (and, unless `force`, pays: as BLAS
+    GEMMs a tap, see SHIFTED_MIN_PIXELS; `by_product`, where the compiled product will sum all
+    its taps at once, whatever its size), else None."""
     if (layout != CHANNELS_FIRST or group != 1 or len(window.in_spatial) != 2 or window.strides != (1, 1)
             or blas.kernel(dtype) is None):
         return None
-    min_channels = SHIFTED_MIN_CHANNELS if min_channels is None else min_channels
-    if not force and (c_in < min_channels or c_out < SHIFTED_MIN_OUT_CHANNELS
-                      or math.prod(window.out_spatial) < SHIFTED_MIN_PIXELS
-                      or c_out * c_in * window.taps * dtype.itemsize > SHIFTED_MAX_WEIGHT):
+    if not force and not by_product and (c_in < SHIFTED_MIN_CHANNELS or c_out < SHIFTED_MIN_OUT_CHANNELS
+                                         or math.prod(window.out_spatial) < SHIFTED_MIN_PIXELS
+                                         or c_out * c_in * window.taps * dtype.itemsize > SHIFTED_MAX_WEIGHT):
         return None
     (kh, kw), (dh, dw) = window.kernel, window.dilations
     width = window.in_spatial[1] + window.pads_begin[1] + window.pads_end[1]
@@ -663,8 +662,14 @@ def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, forc
 # (K = Cin * taps), its rows of the padded tile then in L2 for a tile's columns. Against a BLAS
 # GEMM a tap over the same padded tile, one thread, hot (U-Net's 3x3 layers, 64-row tiles):
 # 32 -> 16 over 256x256 2,025 -> 1,425 us (75 -> 107 GFLOP/s), 16 -> 16 1,071 -> 697, 32 -> 32
-# over 128x128 1,767 -> 1,410, 64 -> 64 over 64x64 3,209 -> 2,923; 128 -> 64 even.
-SHIFTED_TILED_DEPTH = 2304
+# over 128x128 1,767 -> 1,410, 64 -> 64 over 64x64 3,209 -> 2,923; 128 -> 64 even. Up to the
+# 512-channel 3x3s of VGG-16 and ResNet-50 (4,608; whole models below, SHIFTED_BY_PRODUCT).
+SHIFTED_TILED_DEPTH = 4608
+# Every stride-1 convolution of a constant weight that im2col would run, whatever its size, runs
+# so where the compiled product serves (`with_tiles`): no columns copied. Whole models, one
+# thread, one process alternating, Xeon with AVX-512: ResNet-50 0.96-0.98 of the time, VGG-16
+# 0.98, GoogLeNet 0.92.
+SHIFTED_BY_PRODUCT = True
 
 
 # Stems over RGB ("few-channels": a few input channels, few taps) against the compiled product
@@ -680,9 +685,10 @@ def with_tiles(plan, force=False):
     """A "gemm-shifted" plan made to sum its taps by the compiled product, its weight packed by
     `shifted_tiles`, where that serves (one thread, compiled kernels, see SHIFTED_TILED_DEPTH) or
     where `force`d (a band of a convolution whose weight is packed so); a stride-1 "few-channels"
-    one too (a stem: see STEMS_BY_PRODUCT), tiled as a shifted one. Else the plan as it is."""
-    if plan.method == "few-channels":
-        return _stem_tiles(plan)
+    or im2col one too (STEMS_BY_PRODUCT, SHIFTED_BY_PRODUCT), tiled as a shifted one. Else the
+    plan as it is."""
+    if plan.method in ("few-channels", "gemm", "gemm-flat"):  # (not a GemmStep's windows: even or slower)
+        return _by_product_tiles(plan)
     how = plan.tiles
     if plan.method != "gemm-shifted" or how.tiled is not None:
         return plan
@@ -709,14 +715,15 @@ def _product_kernel(plan, force, scratch_bytes=0):
     return kernel
 
 
-def _stem_tiles(plan):
-    """A stride-1 2-D "few-channels" plan as a "gemm-shifted" one by the compiled product, where
-    that serves; else the plan as it is."""
+def _by_product_tiles(plan):
+    """A stride-1 2-D "few-channels" (see STEMS_BY_PRODUCT) or im2col (SHIFTED_BY_PRODUCT) plan as
+    a "gemm-shifted" one by the compiled product, where that serves; else the plan as it is."""
     window = plan.window
-    if not STEMS_BY_PRODUCT or len(window.in_spatial) != 2 or window.strides != (1, 1) or plan.group != 1:
+    wanted = STEMS_BY_PRODUCT if plan.method == "few-channels" else SHIFTED_BY_PRODUCT
+    if not wanted or len(window.in_spatial) != 2 or window.strides != (1, 1) or plan.group != 1 or window.taps == 1:
         return plan
     tiles = _shifted_gemm(window, plan.c_in, plan.c_out, 1, plan.dtype, plan.layout, _SCRATCH_LIMIT.get(),
-                          min_channels=1)
+                          by_product=True)
     if tiles is None:
         return plan
     shifted = with_tiles(replace(plan, method="gemm-shifted", tiles=tiles, scratch_elems=tiles.scratch_elems))
