@@ -8,7 +8,7 @@ up to nine shifted rows per pass with the channel's weights held in registers (L
 loop over the flat plane), and writes the bias and the activation (_jit_activation.activate) with
 the copy into the output. A 3x3 window's output rows are written straight from the planes
 (_jit_vector.nine_taps_row: the CPU's widest vectors and fused multiply-adds, which numba's loop
-gets neither of on x86 with AVX-512; 8-21% faster at stride 1 on a Xeon, even at stride 2).
+gets neither of on x86 with AVX-512; 7-21% faster at stride 1 on a Xeon, even at stride 2).
 
 `depthwise_channels_last`, small images of many channels (MobileNet's 14x14 and 7x7 layers): there
 a channel's rows are too short to vectorise (a loop of 14 runs scalar), so the image is copied

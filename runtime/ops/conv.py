@@ -119,7 +119,7 @@ class Conv(_ConvBase):
             self.plan = conv_core.with_tiles(self.plan)
             if self.plan.tiles.tiled is not None:  # all taps in one compiled product
                 self.w_shifted = self.pack([1], lambda: conv_core.shifted_tiles(weight(), self.plan),
-                                       form + self.plan.tiles.tiled.FORM)
+                                           form + self.plan.tiles.tiled.FORM)
             else:
                 self.w_shifted = self.pack([1], lambda: conv_core.shifted_taps(weight(), self.plan), form)
         elif live is not None:

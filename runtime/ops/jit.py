@@ -163,13 +163,14 @@ def target_features():
     """The CPU features numba compiles for, as a set ("+avx2", ...): the host's, or what
     NUMBA_CPU_FEATURES says (numba's cache keeps code apart by them); None without numba."""
     try:
-        from numba.core import config
         from llvmlite import binding
-    except ImportError:  # no numba: _kernel reports it
+        from numba.core import config
+
+        if config.CPU_FEATURES is not None:
+            return set(config.CPU_FEATURES.split(","))
+        return set(binding.get_host_cpu_features().flatten().split(","))
+    except Exception:  # noqa: BLE001 - no numba (_kernel reports it), or the host's features unknown
         return None
-    if config.CPU_FEATURES is not None:
-        return set(config.CPU_FEATURES.split(","))
-    return set(binding.get_host_cpu_features().flatten().split(","))
 
 
 def elementwise_kernel(name):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from compiled import needs_numba
+from onnx import numpy_helper
 from oracle import (FLOAT16_RTOL, assert_close, check_model, check_node, helper, make_model, rng, run_nnrun,
                     run_onnxruntime, run_reference)
 
@@ -689,8 +690,6 @@ def test_stems_by_the_compiled_product_on_one_thread(x_shape, w_shape, attrs, me
     assert conv.plan.method == method and conv.w_shifted is not None and conv.packed == frozenset([1])
     assert_close(session.run(None, {"x": x})[0], expected)
     assert _tiled_session(model, threads=2).plan().steps[0].kernel.plan.method == "few-channels"
-    from onnx import numpy_helper
-
     chain = make_model([helper.make_node("Relu", ["x"], ["r"])] + list(model.graph.node), [("x", x)], [("y", None)],
                        [(t.name, numpy_helper.to_array(t)) for t in model.graph.initializer])
     chain.graph.node[1].input[0] = "r"
