@@ -147,3 +147,76 @@ def nine_taps_row(typingctx, planes, offsets, w, row, start, bias, mode, p0, p1)
                     builder.call(masked_store, [v, element_at(builder, out, whole, element), ir.Constant(I32, 1), mask])
         return context.get_dummy_value()
     return sig, codegen
+
+
+@intrinsic
+def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_step, right, down, out_start,
+                     cols, channels, n, mode, p0, p1):
+    """One output row of a 3x3 depthwise convolution channels last (_jit_depthwise's small images):
+    for each of its `cols` pixels q and channels c < n, result[out_start + q * channels + c] = the
+    activation `mode` (p0, p1) of bias[c] (where `has_bias`) + sum over the taps (i, j) of
+    w[(3i + j) * channels + c] * padded[start + q * col_step + i * down + j * right + c]. Channels
+    in vectors of the CPU's widest (the last masked), each vector's nine weights and bias held in
+    registers across the row, each tap a fused multiply-add. padded, result: contiguous 1-D float
+    arrays of one type; w (taps * channels, tap-major) and bias of it too, from the block's first
+    channel (slices)."""
+    if not (isinstance(padded, types.Array) and padded.dtype in (types.float32, types.float64)
+            and result == padded and w.dtype == bias.dtype == padded.dtype):
+        return None
+    sig = types.void(padded, w, bias, has_bias, result, start, col_step, right, down, out_start, cols, channels, n,
+                     mode, p0, p1)
+
+    def codegen(context, builder, signature, args):
+        (padded_v, w_v, bias_v, has_bias_v, result_v, start_v, col_step_v, right_v, down_v, out_start_v, cols_v,
+         channels_v, n_v, mode_v, p0_v, p1_v) = args
+        data = [untyped(builder, context.make_array(signature.args[i])(context, builder, args[i]).data)
+                for i in (0, 1, 2, 4)]
+        image, weights, biases, out = data
+        element = context.get_value_type(signature.args[0].dtype)
+        width = WIDEST if signature.args[0].dtype == types.float32 else WIDEST // 2
+        vector = ir.VectorType(element, width)
+        add = fma(builder, vector)
+        zero = ir.Constant(vector, [0.0] * width)
+        lo, hi = splat(builder, p0_v, width), splat(builder, p1_v, width)
+        whole = builder.mul(builder.sdiv(n_v, ir.Constant(I64, width)), ir.Constant(I64, width))
+        left = builder.sub(n_v, whole)
+        lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+        mask = builder.icmp_signed("<", lanes, splat(builder, left, width))
+        masked_load, masked_store = _masked(builder, vector, "load"), _masked(builder, vector, "store")
+        offsets = [builder.add(builder.mul(ir.Constant(I64, i), down_v), builder.mul(ir.Constant(I64, j), right_v))
+                   for i in range(3) for j in range(3)]
+
+        def channels_of(c, load, store, kind):
+            taps = [load(element_at(builder, weights, builder.add(builder.mul(ir.Constant(I64, t), channels_v), c),
+                                    element)) for t in range(9)]
+            b = builder.select(has_bias_v, load(element_at(builder, biases, c, element)), zero)
+            with cgutils.for_range(builder, cols_v) as loop:
+                q = loop.index
+                base = builder.add(builder.add(start_v, builder.mul(q, col_step_v)), c)
+                v = b
+                for weight, offset in zip(taps, offsets):
+                    pixel = load(element_at(builder, image, builder.add(base, offset), element))
+                    v = builder.call(add, [weight, pixel, v])
+                at = builder.add(builder.add(out_start_v, builder.mul(q, channels_v)), c)
+                store(activated(builder, v, kind, lo, hi), element_at(builder, out, at, element))
+
+        def plain_load(at):
+            return builder.load(at, typ=vector, align=1)
+
+        def plain_store(v, at):
+            builder.store(v, at, align=1)
+
+        def tail_load(at):
+            return builder.call(masked_load, [at, ir.Constant(I32, 1), mask, zero])
+
+        def tail_store(v, at):
+            builder.call(masked_store, [v, at, ir.Constant(I32, 1), mask])
+
+        for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
+            with builder.if_then(builder.icmp_signed("==", mode_v, ir.Constant(I64, kind))):
+                with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (c, _):
+                    channels_of(c, plain_load, plain_store, kind)
+                with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
+                    channels_of(whole, tail_load, tail_store, kind)
+        return context.get_dummy_value()
+    return sig, codegen

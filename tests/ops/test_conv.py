@@ -1316,6 +1316,8 @@ def test_the_compiled_product_writes_only_its_rows_and_columns(groups, columns):
 # every kind of column tail and row count, and saves what it wrote.
 _HASWELL_PRODUCTS = """
 import sys
+import warnings
+warnings.simplefilter("error", RuntimeWarning)  # a kernel that fails its self-check fails the test
 import numpy as np
 from nnrun.ops import _jit_gemm as kernel, jit
 assert (kernel.MR, kernel.WIDEST) == (4, 8), (kernel.MR, kernel.WIDEST)
@@ -1355,7 +1357,7 @@ def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
     two targets apart), computes HardSwish(W @ X + bias) as onnx's reference evaluator does (whole
     tiles, partial ones, column tails, rows not a multiple of a tile's), and depthwise
     convolutions as onnxruntime does (rows of whole vectors and a masked last one, strides 1 and
-    2)."""
+    2; small images channels last, channels in whole vectors and a masked last one)."""
     import os
     import subprocess
     import sys
@@ -1367,7 +1369,9 @@ def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
     for i, (m, k, n) in enumerate(shapes):
         cases[f"w{i}"], cases[f"x{i}"], cases[f"b{i}"] = _data((m, k), i), _data((k, n), 10 + i), _data((m,), 20 + i)
     depthwise = [((1, 16, 19, 19), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
-                 ((1, 8, 7, 32), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]})]
+                 ((1, 8, 7, 32), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+                 ((1, 29, 7, 7), (29, 1, 3, 3), {"pads": [1, 1, 1, 1]}),                       # channels last
+                 ((1, 20, 14, 14), (20, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]})]
     for i, (x_shape, w_shape, attrs) in enumerate(depthwise):
         model, x = _conv_activation_model(x_shape, w_shape, dict(attrs, group=x_shape[1]), "Relu", True)
         cases[f"model{i}"] = np.frombuffer(model.SerializeToString(), np.uint8)
