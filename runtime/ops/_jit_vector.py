@@ -7,7 +7,7 @@ sums fused multiply-adds.
 `WIDEST` is the float32 lanes of the widest vector of the CPU numba compiles for (16 with
 AVX-512F, else 8); `splat`, `element_at`, `fma`, `activated` the pieces the kernels' IR is made of
 (_jit_gemm's tiles); `nine_taps_row` a 3x3 depthwise convolution's output row from nine shifted
-rows of its planes (_jit_depthwise).
+rows of its planes, `nine_taps_pixels` one from a padded image channels last (_jit_depthwise).
 
 Imported only through the kernels' modules, which `jit.py` imports once numba is known to be
 there (see _jit_depthwise.py for why the leading underscore). numba caches the kernels that inline
