@@ -740,8 +740,7 @@ def shifted_tiles(w, plan):
     """A `with_tiles` or `with_phases` plan's weight (Cout, Cin, kh, kw) in the compiled product's
     tiles, its K in the order of the plan's `rows_at`: (tap, channel)."""
     m, c, taps = plan.c_out, plan.c_in, plan.window.taps
-    return plan.tiles.tiled.pack(np.asarray(w).reshape(m, c, taps).transpose(0, 2, 1).reshape(m, taps * c),
-                                 m, taps * c)
+    return plan.tiles.tiled.pack(np.asarray(w).reshape(m, c, taps).transpose(0, 2, 1), m, taps * c)
 
 
 @dataclass(frozen=True, eq=False)
