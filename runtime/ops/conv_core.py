@@ -722,6 +722,8 @@ def _by_product_tiles(plan):
     wanted = STEMS_BY_PRODUCT if plan.method == "few-channels" else SHIFTED_BY_PRODUCT
     if not wanted or len(window.in_spatial) != 2 or window.strides != (1, 1) or plan.group != 1 or window.taps == 1:
         return plan
+    if _product_kernel(plan, False) is None:  # asked first: a ShiftedGemm is not made to be dropped
+        return plan
     tiles = _shifted_gemm(window, plan.c_in, plan.c_out, 1, plan.dtype, plan.layout, _SCRATCH_LIMIT.get(),
                           by_product=True)
     if tiles is None:
