@@ -41,38 +41,36 @@ import numpy as np
 from numba import njit
 
 from ._jit_activation import activate
-from ._jit_vector import nine_taps_pixels, nine_taps_row
+from ._jit_vector import nine_taps_pixels, nine_taps_row, taps_row
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def depthwise(x, w2, bias, has_bias, out, planes, acc, fills, offsets, plane_w, plane_size, q_stride,
+def depthwise(x, w2, bias, has_bias, out, planes, fills, offsets, plane_w, plane_size, q_stride,
               multiplier, mode, p0, p1, o0, o1):
-    """out[o0:o1] of one image. x (C, H, W); w2 (taps, C*M); out (C*M, OH, OW); `planes` and `acc`:
-    scratch of phases * plane_size and (OH - 1) * q_stride + OW elements.
+    """out[o0:o1] of one image. x (C, H, W); w2 (taps, C*M); out (C*M, OH, OW); `planes`: scratch of
+    phases * plane_size elements.
 
     `fills` (phases, 8), per phase plane (rows `plane_w` wide, `plane_size` long): the plane rows
     and columns [dh0, dh1) x [dw0, dw1) it takes from input rows sh0 + r*shs and columns
     sw0 + m*sws (the rest stays zero: the padding); `offsets` (taps,): each tap's flat start in
-    the planes. The sum for output row r is at [r*q_stride, r*q_stride + OW) of the accumulator.
+    the planes. Output row r sums the taps' rows from r*q_stride (_jit_vector.taps_row).
     `mode`, `p0`, `p1`: the activation (jit.activation_mode).
     """
     for k in range(planes.shape[0]):  # the padding; scratch is shared with other steps
         planes[k] = 0
     zero = x.dtype.type(0)
-    one = x.dtype.type(1)
     filled = -1
     for oc in range(o0, o1):
         c = oc // multiplier
         if c != filled:
             _fill(planes, x[c], fills, plane_w, plane_size)
             filled = c
-        if offsets.shape[0] == 9:  # 3x3: each output row straight from the planes (_jit_vector.nine_taps_row)
-            b = bias[oc] if has_bias else zero
-            for r in range(out.shape[1]):
+        b = bias[oc] if has_bias else zero
+        for r in range(out.shape[1]):  # each output row straight from the planes (_jit_vector.taps_row)
+            if offsets.shape[0] == 9:
                 nine_taps_row(planes, offsets, w2[:, oc], out[oc, r], r * q_stride, b, mode, p0, p1)
-            continue
-        _sum_taps(planes, w2[:, oc], offsets, acc)
-        _rows_out(out[oc], acc, q_stride, bias[oc] if has_bias else zero, mode, p0, p1, zero, one)
+            else:
+                taps_row(planes, offsets, w2[:, oc], out[oc, r], r * q_stride, b, mode, p0, p1)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")

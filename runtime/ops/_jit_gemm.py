@@ -38,8 +38,7 @@ from numba.extending import intrinsic
 
 from ._jit_activation import activate
 from ._jit_depthwise import _fill
-from ._jit_vector import I64, PTR, WIDEST, activated, element_at, fma, splat
-from .jit import CLAMP, HARD_SIGMOID, HARD_SWISH, LEAKY
+from ._jit_vector import I64, PTR, WIDEST, activated, each_activation, element_at, splat, sums_over
 
 LANES = 8          # columns a step of a tile's width: a vector of 8 float32 (AVX2's), the tail's bound
 NV = 6             # steps of LANES columns a tile
@@ -86,47 +85,6 @@ def _at(builder, base, offset):
     return element_at(builder, base, offset, _F32)
 
 
-def _sums(builder, vectors, k, load_w, load_x, count_w):
-    """The loop over k of `count_w` x len(vectors) vector sums, acc[a][b] += load_w(k, a, vectors[b]) *
-    load_x(k, b), sum b of type vectors[b]; returns them after the loop (zero where k is 0)."""
-    count_x = len(vectors)
-    fmas = [fma(builder, v) for v in vectors]
-    zeros = [ir.Constant(v, [0.0] * v.count) for v in vectors]
-    before = builder.block
-    loop = builder.function.append_basic_block("sums")
-    after = builder.function.append_basic_block("summed")
-    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(I64, 0)), loop, after)
-    builder.position_at_end(loop)
-    step = builder.phi(I64)
-    step.add_incoming(ir.Constant(I64, 0), before)
-    acc = [[builder.phi(v) for v in vectors] for _ in range(count_w)]
-    for row in acc:
-        for b, p in enumerate(row):
-            p.add_incoming(zeros[b], before)
-    xs = [load_x(step, b) for b in range(count_x)]
-    new = []
-    for a in range(count_w):
-        new.append([builder.call(fmas[b], [load_w(step, a, vectors[b]), xs[b], acc[a][b]]) for b in range(count_x)])
-    following = builder.add(step, ir.Constant(I64, 1))
-    end = builder.block
-    step.add_incoming(following, end)
-    for a in range(count_w):
-        for b in range(count_x):
-            acc[a][b].add_incoming(new[a][b], end)
-    builder.cbranch(builder.icmp_signed("<", following, k), loop, after)
-    builder.position_at_end(after)
-    done = []
-    for a in range(count_w):
-        row = []
-        for b in range(count_x):
-            p = builder.phi(vectors[b])
-            p.add_incoming(zeros[b], before)
-            p.add_incoming(new[a][b], end)
-            row.append(p)
-        done.append(row)
-    return done
-
-
 def _row(builder, x, step, ldx, gathered):
     """Where row `step` of X starts: `ldx` elements apart, or (`gathered`) at the offset the int64
     array at address `ldx` holds for it."""
@@ -158,21 +116,22 @@ def _tile(nv, gathered):
             def load_x(step, b):
                 return builder.load(_at(builder, _row(builder, x, step, ldx, gathered), starts[b]), typ=vectors[b],
                                     align=4)
-            sums = _sums(builder, vectors, k, load_w, load_x, MR)
-            for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
-                with builder.if_then(builder.icmp_signed("==", mode, ir.Constant(I64, kind))):
-                    for a in range(MR):
-                        with builder.if_then(builder.icmp_signed(">", rows, ir.Constant(I64, a))):
-                            offset = builder.mul(ir.Constant(I64, a), ldo)
-                            bias_a = builder.load(_at(builder, bias, a), typ=_F32, align=4)
-                            for b, vector in enumerate(vectors):
-                                width = vector.count
-                                at = builder.add(offset, ir.Constant(I64, starts[b]))
-                                v = builder.fadd(sums[a][b], splat(builder, bias_a, width))
-                                r = builder.load(_at(builder, residual, at), typ=vector, align=4)
-                                v = builder.fadd(v, builder.select(has_residual, r, ir.Constant(vector, [0.0] * width)))
-                                v = activated(builder, v, kind, splat(builder, p0, width), splat(builder, p1, width))
-                                builder.store(v, _at(builder, out, at), align=4)
+            sums = sums_over(builder, vectors, k, load_w, load_x, MR)
+
+            def epilogue(kind):
+                for a in range(MR):
+                    with builder.if_then(builder.icmp_signed(">", rows, ir.Constant(I64, a))):
+                        offset = builder.mul(ir.Constant(I64, a), ldo)
+                        bias_a = builder.load(_at(builder, bias, a), typ=_F32, align=4)
+                        for b, vector in enumerate(vectors):
+                            width = vector.count
+                            at = builder.add(offset, ir.Constant(I64, starts[b]))
+                            v = builder.fadd(sums[a][b], splat(builder, bias_a, width))
+                            r = builder.load(_at(builder, residual, at), typ=vector, align=4)
+                            v = builder.fadd(v, builder.select(has_residual, r, ir.Constant(vector, [0.0] * width)))
+                            v = activated(builder, v, kind, splat(builder, p0, width), splat(builder, p1, width))
+                            builder.store(v, _at(builder, out, at), align=4)
+            each_activation(builder, mode, epilogue)
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -198,7 +157,7 @@ def _tail(columns, gathered):
             def load_x(step, c):
                 value = builder.load(_at(builder, _row(builder, x, step, ldx, gathered), c), typ=_F32, align=4)
                 return splat(builder, value, MR)
-            sums = _sums(builder, [vector] * columns, k, load_w, load_x, TILES_A_TAIL)
+            sums = sums_over(builder, [vector] * columns, k, load_w, load_x, TILES_A_TAIL)
             for t in range(TILES_A_TAIL):
                 for c in range(columns):
                     builder.store(sums[t][c], _at(builder, sums_at, (c * TILES_A_TAIL + t) * MR), align=4)

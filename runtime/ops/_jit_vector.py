@@ -90,63 +90,172 @@ def _masked(builder, vector, what):
     return cgutils.get_or_insert_function(builder.module, kind, f"llvm.masked.{what}.{suffix}")
 
 
-@intrinsic
-def nine_taps_row(typingctx, planes, offsets, w, row, start, bias, mode, p0, p1):
-    """row[k] = the activation `mode` (p0, p1) of sum over taps t < 9 of w[t] * planes[offsets[t] +
-    start + k] + bias, for every k of row: a 3x3 depthwise convolution's output row straight from
-    a channel's flat phase planes (_jit_depthwise.depthwise), with no sums kept between. Vectors of
-    the CPU's widest, each tap a fused multiply-add, the last vector masked; the activation as
-    _jit_activation.activate's. planes: a contiguous 1-D float array; offsets: int64, each tap's
-    start in it; w: the taps' weights, 1-D, strided; row: contiguous, of planes' type."""
-    if not (isinstance(planes, types.Array) and planes.dtype in (types.float32, types.float64)
-            and row.dtype == w.dtype == planes.dtype):
-        return None
-    sig = types.void(planes, offsets, w, row, start, bias, mode, p0, p1)
+def sums_over(builder, vectors, k, load_w, load_x, count_w):
+    """The loop over steps s < k (an int64 value) of `count_w` x len(vectors) vector sums, acc[a][b] +=
+    load_w(s, a, vectors[b]) * load_x(s, b) by fused multiply-adds, sum b of type vectors[b]; returns
+    them after the loop (zero where k is 0): a product's tile over K (_jit_gemm), a depthwise row's
+    taps (`taps_row`)."""
+    count_x = len(vectors)
+    fmas = [fma(builder, v) for v in vectors]
+    zeros = [ir.Constant(v, [0.0] * v.count) for v in vectors]
+    before = builder.block
+    loop = builder.function.append_basic_block("sums")
+    after = builder.function.append_basic_block("summed")
+    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(I64, 0)), loop, after)
+    builder.position_at_end(loop)
+    step = builder.phi(I64)
+    step.add_incoming(ir.Constant(I64, 0), before)
+    acc = [[builder.phi(v) for v in vectors] for _ in range(count_w)]
+    for row in acc:
+        for b, p in enumerate(row):
+            p.add_incoming(zeros[b], before)
+    xs = [load_x(step, b) for b in range(count_x)]
+    new = []
+    for a in range(count_w):
+        new.append([builder.call(fmas[b], [load_w(step, a, vectors[b]), xs[b], acc[a][b]]) for b in range(count_x)])
+    following = builder.add(step, ir.Constant(I64, 1))
+    end = builder.block
+    step.add_incoming(following, end)
+    for a in range(count_w):
+        for b in range(count_x):
+            acc[a][b].add_incoming(new[a][b], end)
+    builder.cbranch(builder.icmp_signed("<", following, k), loop, after)
+    builder.position_at_end(after)
+    done = []
+    for a in range(count_w):
+        row = []
+        for b in range(count_x):
+            p = builder.phi(vectors[b])
+            p.add_incoming(zeros[b], before)
+            p.add_incoming(new[a][b], end)
+            row.append(p)
+        done.append(row)
+    return done
 
-    def codegen(context, builder, signature, args):
-        planes_v, offsets_v, w_v, row_v, start_v, bias_v, mode_v, p0_v, p1_v = args
-        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in range(4)]
-        planes_a, offsets_a, w_a, row_a = arrays
-        element = context.get_value_type(signature.args[0].dtype)
-        single = signature.args[0].dtype == types.float32
-        width = WIDEST if single else WIDEST // 2
-        vector = ir.VectorType(element, width)
-        w_step = builder.sdiv(cgutils.unpack_tuple(builder, w_a.strides, 1)[0], ir.Constant(I64, 4 if single else 8))
-        n = cgutils.unpack_tuple(builder, row_a.shape, 1)[0]
-        base = untyped(builder, planes_a.data)
-        taps = []
-        for tap in range(9):
-            begin = builder.load(element_at(builder, untyped(builder, offsets_a.data), tap, I64), typ=I64)
-            weight = builder.load(element_at(builder, untyped(builder, w_a.data),
-                                             builder.mul(ir.Constant(I64, tap), w_step), element), typ=element)
-            at = element_at(builder, base, builder.add(begin, start_v), element)
-            taps.append((at, splat(builder, weight, width)))
-        out = untyped(builder, row_a.data)
-        add = fma(builder, vector)
-        zero = ir.Constant(vector, [0.0] * width)
-        b, lo, hi = (splat(builder, value, width) for value in (bias_v, p0_v, p1_v))
-        whole = builder.mul(builder.sdiv(n, ir.Constant(I64, width)), ir.Constant(I64, width))
-        left = builder.sub(n, whole)
-        lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
-        mask = builder.icmp_signed("<", lanes, splat(builder, left, width))
-        masked_load, masked_store = _masked(builder, vector, "load"), _masked(builder, vector, "store")
 
-        def value(k, load, kind):
-            v = zero
-            for begin, weight in taps:
-                v = builder.call(add, [weight, load(element_at(builder, begin, k, element)), v])
-            return activated(builder, builder.fadd(v, b), kind, lo, hi)
 
-        for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
-            with builder.if_then(builder.icmp_signed("==", mode_v, ir.Constant(I64, kind))):
-                with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (k, _):
-                    v = value(k, lambda at: builder.load(at, typ=vector, align=1), kind)
-                    builder.store(v, element_at(builder, out, k, element), align=1)
-                with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
-                    v = value(whole, lambda at: builder.call(masked_load, [at, ir.Constant(I32, 1), mask, zero]), kind)
-                    builder.call(masked_store, [v, element_at(builder, out, whole, element), ir.Constant(I32, 1), mask])
-        return context.get_dummy_value()
-    return sig, codegen
+def each_activation(builder, mode, write):
+    """write(kind) under `if mode == kind` for each activation kind: a kernel's epilogue compiled
+    once per kind, chosen by the run's `mode` (jit.activation_mode)."""
+    for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
+        with builder.if_then(builder.icmp_signed("==", mode, ir.Constant(I64, kind))):
+            write(kind)
+
+
+def tail_access(builder, vector, count):
+    """(load, store) of the first `count` (an int64 value, < the vector's lanes) lanes of a `vector`
+    at an address, the other lanes neither read nor written (LLVM's masked load and store): a row's
+    last, partial vector. load(at) gives zeros in the lanes left out; store(v, at)."""
+    width = vector.count
+    lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+    mask = builder.icmp_signed("<", lanes, splat(builder, count, width))
+    masked_load, masked_store = _masked(builder, vector, "load"), _masked(builder, vector, "store")
+    zero = ir.Constant(vector, [0.0] * width)
+
+    def load(at):
+        return builder.call(masked_load, [at, ir.Constant(I32, 1), mask, zero])
+
+    def store(v, at):
+        builder.call(masked_store, [v, at, ir.Constant(I32, 1), mask])
+    return load, store
+
+
+# Vectors of a row `taps_row` sums at once (a block) where the taps are a loop: independent chains
+# of fused multiply-adds, each tap's weight and offset loaded once for all of them.
+ROW_BLOCK = 4
+
+
+def _taps_row(fixed):
+    """The intrinsic `taps_row` of `fixed` taps (their addresses and weights set once for the row,
+    the sums unrolled over them, a vector at a time), or of any number (None: a loop over the
+    taps, ROW_BLOCK vectors a pass)."""
+    @intrinsic
+    def taps_row(typingctx, planes, offsets, w, row, start, bias, mode, p0, p1):
+        if not (isinstance(planes, types.Array) and planes.dtype in (types.float32, types.float64)
+                and row.dtype == w.dtype == planes.dtype):
+            return None
+        sig = types.void(planes, offsets, w, row, start, bias, mode, p0, p1)
+
+        def codegen(context, builder, signature, args):
+            planes_v, offsets_v, w_v, row_v, start_v, bias_v, mode_v, p0_v, p1_v = args
+            arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in range(4)]
+            planes_a, offsets_a, w_a, row_a = arrays
+            element = context.get_value_type(signature.args[0].dtype)
+            single = signature.args[0].dtype == types.float32
+            width = WIDEST if single else WIDEST // 2
+            vector = ir.VectorType(element, width)
+            w_step = builder.sdiv(cgutils.unpack_tuple(builder, w_a.strides, 1)[0],
+                                  ir.Constant(I64, 4 if single else 8))
+            n = cgutils.unpack_tuple(builder, row_a.shape, 1)[0]
+            base, offsets, weights = (untyped(builder, a.data) for a in (planes_a, offsets_a, w_a))
+            out = untyped(builder, row_a.data)
+            b, lo, hi = (splat(builder, value, width) for value in (bias_v, p0_v, p1_v))
+            per_pass = 1 if fixed else ROW_BLOCK
+            block = per_pass * width
+            blocks = builder.mul(builder.sdiv(n, ir.Constant(I64, block)), ir.Constant(I64, block))
+            whole = builder.mul(builder.sdiv(n, ir.Constant(I64, width)), ir.Constant(I64, width))
+            left = builder.sub(n, whole)
+            tail_load, tail_store = tail_access(builder, vector, left)
+
+            def weight(t):
+                at = element_at(builder, weights, builder.mul(t, w_step), element)
+                return splat(builder, builder.load(at, typ=element), width)
+
+            def tap_at(t):
+                begin = builder.load(element_at(builder, offsets, t, I64), typ=I64)
+                return builder.add(begin, start_v)
+            if fixed:
+                taps = [(tap_at(ir.Constant(I64, t)), weight(ir.Constant(I64, t))) for t in range(fixed)]
+
+            def sums(k, count, load):
+                """The sums of `count` vectors from column k, over the taps."""
+                if fixed:
+                    add, v = fma(builder, vector), ir.Constant(vector, [0.0] * width)
+                    for at, w_t in taps:
+                        v = builder.call(add, [w_t, load(element_at(builder, base, builder.add(at, k), element)), v])
+                    return [v]
+
+                def load_x(t, u):
+                    at = builder.add(tap_at(t), builder.add(k, ir.Constant(I64, u * width)))
+                    return load(element_at(builder, base, at, element))
+                count_taps = cgutils.unpack_tuple(builder, offsets_a.shape, 1)[0]
+                return sums_over(builder, [vector] * count, count_taps, lambda t, a, _: weight(t), load_x, 1)[0]
+
+            def write(k, count, load, store):
+                values = sums(k, count, load)
+
+                def each(kind):
+                    for u, v in enumerate(values):
+                        at = element_at(builder, out, builder.add(k, ir.Constant(I64, u * width)), element)
+                        store(activated(builder, builder.fadd(v, b), kind, lo, hi), at)
+                each_activation(builder, mode_v, each)
+
+            def plain_load(at):
+                return builder.load(at, typ=vector, align=1)
+
+            def plain_store(v, at):
+                builder.store(v, at, align=1)
+
+            with cgutils.for_range_slice(builder, ir.Constant(I64, 0), blocks, ir.Constant(I64, block)) as (k, _):
+                write(k, per_pass, plain_load, plain_store)
+            if not fixed:
+                with cgutils.for_range_slice(builder, blocks, whole, ir.Constant(I64, width)) as (k, _):
+                    write(k, 1, plain_load, plain_store)
+            with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
+                write(whole, 1, tail_load, tail_store)
+            return context.get_dummy_value()
+        return sig, codegen
+    return taps_row
+
+
+# row[k] = the activation `mode` (p0, p1) of sum over taps t of w[t] * planes[offsets[t] + start + k]
+# + bias, for every k of row: a depthwise convolution's output row straight from a channel's flat
+# phase planes (_jit_depthwise.depthwise), with no sums kept between. Vectors of the CPU's widest,
+# each tap a fused multiply-add, the last vector masked; the activation as _jit_activation.activate's.
+# planes: a contiguous 1-D float array; offsets: int64, each tap's start in it; w: the taps' weights,
+# 1-D, strided; row: contiguous, of planes' type. Nine taps (3x3) unrolled, any other count a loop.
+nine_taps_row = _taps_row(9)
+taps_row = _taps_row(None)
 
 
 @intrinsic
@@ -180,9 +289,7 @@ def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_st
         lo, hi = splat(builder, p0_v, width), splat(builder, p1_v, width)
         whole = builder.mul(builder.sdiv(n_v, ir.Constant(I64, width)), ir.Constant(I64, width))
         left = builder.sub(n_v, whole)
-        lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
-        mask = builder.icmp_signed("<", lanes, splat(builder, left, width))
-        masked_load, masked_store = _masked(builder, vector, "load"), _masked(builder, vector, "store")
+        tail_load, tail_store = tail_access(builder, vector, left)
         offsets = [builder.add(builder.mul(ir.Constant(I64, i), down_v), builder.mul(ir.Constant(I64, j), right_v))
                    for i in range(3) for j in range(3)]
 
@@ -206,17 +313,11 @@ def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_st
         def plain_store(v, at):
             builder.store(v, at, align=1)
 
-        def tail_load(at):
-            return builder.call(masked_load, [at, ir.Constant(I32, 1), mask, zero])
-
-        def tail_store(v, at):
-            builder.call(masked_store, [v, at, ir.Constant(I32, 1), mask])
-
-        for kind in (CLAMP, LEAKY, HARD_SIGMOID, HARD_SWISH):
-            with builder.if_then(builder.icmp_signed("==", mode_v, ir.Constant(I64, kind))):
-                with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (c, _):
-                    channels_of(c, plain_load, plain_store, kind)
-                with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
-                    channels_of(whole, tail_load, tail_store, kind)
+        def each(kind):
+            with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (c, _):
+                channels_of(c, plain_load, plain_store, kind)
+            with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
+                channels_of(whole, tail_load, tail_store, kind)
+        each_activation(builder, mode_v, each)
         return context.get_dummy_value()
     return sig, codegen

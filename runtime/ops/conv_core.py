@@ -1616,8 +1616,8 @@ class CompiledDepthwise:
     plane_w: int
     plane_size: int
     q_stride: int
-    planes_elems: int    # scratch: one channel's phase planes, then its accumulator
-    acc_elems: int
+    planes_elems: int    # scratch: one channel's phase planes (a depthwise kernel's and an average's all)
+    acc_elems: int       # then a max pool's sums
 
 
 @dataclass(frozen=True, eq=False)
@@ -1920,8 +1920,7 @@ def _depthwise_plan(window, c, c_out, dtype, layout, scratch_limit, row_matrices
             return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled,
                             compiled.padded_elems + compiled.result_elems, dtype)
         if compiled is not None:
-            return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled,
-                            compiled.planes_elems + compiled.acc_elems, dtype)
+            return ConvPlan(window, layout, c, c_out, c, "depthwise", compiled, compiled.planes_elems, dtype)
         # (the compiled kernels, where on, are faster still: 200 channels of 2x96 5x5 with HardSwish
         # 71 against 91 us, 192 of 6x80 3x3 79 against 156)
         rows = _row_matrices_plan(window, c, multiplier, dtype, scratch_limit) if row_matrices else None
@@ -2050,7 +2049,7 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
     """The compiled kernel (CompiledDepthwise). The first share's planes are the plan's scratch; a
     share on another thread allocates its own, one channel's worth."""
     how = plan.tiles
-    per_share = how.planes_elems + how.acc_elems
+    per_share = how.planes_elems
     w2 = w_taps.reshape(-1, plan.c_out)  # (taps, C*M): a view of the tap-major weight
     mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
     has_bias = bias is not None
@@ -2064,9 +2063,8 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
 
         def share(i):
             own = scratch if i == 0 else np.empty(per_share, out.dtype)
-            how.kernel(x_n, w2, bias, has_bias, out_n, own[:how.planes_elems], own[how.planes_elems:per_share],
-                       how.fills, how.offsets, how.plane_w, how.plane_size, how.q_stride, multiplier, mode, p0,
-                       p1, *shares[i])
+            how.kernel(x_n, w2, bias, has_bias, out_n, own[:per_share], how.fills, how.offsets, how.plane_w,
+                       how.plane_size, how.q_stride, multiplier, mode, p0, p1, *shares[i])
         parallel.current().run(share, len(shares))  # inline when there is one
     if after is not None:
         _bias_activation(out, None, after, CHANNELS_FIRST)
@@ -2538,7 +2536,8 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
     compiled = _compiled_pool(window, kind, dtype) if layout == CHANNELS_FIRST else None
     if compiled is not None:
         ones = np.ones((window.taps, channels), dtype) if kind == "average" else None
-        return PoolPlan(window, layout, kind, (), None, 0, divisor, compiled.planes_elems + compiled.acc_elems, dtype,
+        sums = compiled.acc_elems if kind == "max" else 0  # (a depthwise kernel's rows need none)
+        return PoolPlan(window, layout, kind, (), None, 0, divisor, compiled.planes_elems + sums, dtype,
                         compiled=compiled, ones=ones)
     if layout == CHANNELS_FIRST and _inside(window):
         # No tap reads padding: each tap's inputs are a strided view of the image, reduced straight
@@ -2605,7 +2604,7 @@ def _pool_compiled(x, out, plan, scratch):
                 how.kernel(x_n, out_n, planes[:how.planes_elems], acc, how.fills, how.offsets, how.plane_w,
                            how.plane_size, how.q_stride, *shares[i])
             else:
-                how.kernel(x_n, ones, ones[0], False, out_n, planes[:how.planes_elems], acc, how.fills, how.offsets,
+                how.kernel(x_n, ones, ones[0], False, out_n, planes[:how.planes_elems], how.fills, how.offsets,
                            how.plane_w, how.plane_size, how.q_stride, 1, mode, p0, p1, *shares[i])
         parallel.current().run(share, len(shares))  # inline when there is one
     if plan.kind == "average":

@@ -214,8 +214,13 @@ def _check_depthwise(dtype):
     fills = np.array([[1, 2, 1, 2, 0, 1, 0, 1]], np.int64)
     lo, hi = dtype.type(-np.inf), dtype.type(np.inf)
     depthwise(x, np.ones((9, 1), dtype), np.zeros(1, dtype), True, out, np.full(12, np.nan, dtype),
-              np.empty(1, dtype), fills, np.arange(9, dtype=np.int64), 3, 12, 3, 1, CLAMP, lo, hi, 0, 1)
+              fills, np.arange(9, dtype=np.int64), 3, 12, 3, 1, CLAMP, lo, hi, 0, 1)
     _expect("depthwise", out[0, 0, 0], 1)
+    # and through a 1x3 window (other than nine taps: a loop over them), weights 1, 2, 3
+    fills = np.array([[0, 1, 1, 2, 0, 1, 0, 1]], np.int64)
+    depthwise(x, np.arange(1, 4, dtype=dtype).reshape(3, 1), np.zeros(1, dtype), True, out,
+              np.full(3, np.nan, dtype), fills, np.arange(3, dtype=np.int64), 3, 3, 3, 1, CLAMP, lo, hi, 0, 1)
+    _expect("depthwise (a loop over the taps)", out[0, 0, 0], 2)
     return depthwise
 
 

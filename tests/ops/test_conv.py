@@ -302,6 +302,8 @@ def test_conv_grouped(x_shape, w_shape, attrs, im2col, kernels):
     ((1, 8, 33, 35), (8, 1, 7, 7), {"group": 8, "pads": [3, 3, 3, 3]}),             # 49 taps: 5, 3 and 1
     ((1, 8, 20, 21), (8, 1, 2, 4), {"group": 8, "pads": [0, 1, 1, 2], "dilations": [3, 2]}),
     ((2, 12, 18, 19), (24, 1, 3, 3), {"group": 12, "pads": [1, 1, 1, 1]}),          # multiplier 2
+    ((1, 6, 4, 150), (6, 1, 3, 5), {"group": 6, "pads": [1, 2, 1, 2]}),             # rows of blocks, one, a tail
+    ((1, 5, 5, 70), (5, 1, 5, 5), {"group": 5, "pads": [2, 2, 2, 2], "strides": [2, 1]}),
 ])
 def test_depthwise_mobilenet_shapes(x_shape, w_shape, attrs, kernels):
     _conv_case(x_shape, w_shape, attrs)
@@ -1357,7 +1359,8 @@ def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
     two targets apart), computes HardSwish(W @ X + bias) as onnx's reference evaluator does (whole
     tiles, partial ones, column tails, rows not a multiple of a tile's), and depthwise
     convolutions as onnxruntime does (rows of whole vectors and a masked last one, strides 1 and
-    2; small images channels last, channels in whole vectors and a masked last one)."""
+    2, nine taps unrolled and other windows' taps a loop over blocks of vectors; small images
+    channels last, channels in whole vectors and a masked last one)."""
     import os
     import subprocess
     import sys
@@ -1371,7 +1374,9 @@ def test_the_compiled_product_of_a_machine_without_avx512(tmp_path):
     depthwise = [((1, 16, 19, 19), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
                  ((1, 8, 7, 32), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
                  ((1, 29, 7, 7), (29, 1, 3, 3), {"pads": [1, 1, 1, 1]}),                       # channels last
-                 ((1, 20, 14, 14), (20, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]})]
+                 ((1, 20, 14, 14), (20, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+                 ((1, 12, 3, 71), (12, 1, 5, 5), {"pads": [2, 2, 2, 2]}),        # taps a loop: blocks, a tail
+                 ((1, 10, 6, 47), (10, 1, 3, 5), {"pads": [1, 2, 1, 2], "strides": [2, 1]})]  # a block, one, a tail
     for i, (x_shape, w_shape, attrs) in enumerate(depthwise):
         model, x = _conv_activation_model(x_shape, w_shape, dict(attrs, group=x_shape[1]), "Relu", True)
         cases[f"model{i}"] = np.frombuffer(model.SerializeToString(), np.uint8)
