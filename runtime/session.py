@@ -415,7 +415,7 @@ class InferenceSession:
         measure = runs < 4 or executor.plan is not self._last or runs % MEMORY_EVERY == 0
         polled = measure and self._recorder.poll
         started = time.perf_counter_ns()
-        threads = self._threads.begin()
+        threads = self._threads.begin(executor.plan.on_team)
         watched = terminate.enter(run_options)
         try:  # what _within_stack does, without a generator's cost on every run
             if polled:

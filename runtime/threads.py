@@ -7,13 +7,15 @@ thread-pool libraries loaded in the process is the expensive part of threadpoolc
 every shared library: about 0.1 ms here, 1 ms in a process with more libraries loaded), so it is
 done once per session, when it is made, and a session sizes its pool once (`RunThreads`). Each
 run then reads each library's count (a fraction of a microsecond, through OpenBLAS's own functions:
-`counter`) and only where it differs sets it and puts it back after the run.
+`counter`) and only where it differs sets it and puts it back after the run. A run whose plan
+splits compiled kernels over numba's team (Plan.on_team) runs on it alone: the pool of one thread,
+every library on one (ops/parallel.py).
 """
 
 import ctypes
 import threading
 
-from .ops import blas, parallel
+from .ops import blas, jit, parallel
 
 _controller = None
 _lock = threading.Lock()
@@ -47,7 +49,7 @@ class RunThreads:
     and, with a BLAS bound, a read of each library's count: about a microsecond.
     """
 
-    __slots__ = ("threads", "blas", "libraries", "counts", "_counters")
+    __slots__ = ("threads", "blas", "libraries", "counts", "_counters", "_alone")
 
     def __init__(self, intra_op_num_threads):
         self.threads = kernel_threads(intra_op_num_threads)
@@ -64,20 +66,27 @@ class RunThreads:
         self.libraries = tuple(library for library, _ in bounded)
         self.counts = tuple(count for _, count in bounded)
         self._counters = tuple((*counter(library), count) for library, count in bounded)
+        # On numba's team (`begin(on_team=True)`) every library on one thread: see parallel.team.
+        self._alone = tuple((get, set_, 1) for get, set_, _ in self._counters) if self.threads > 1 else None
 
-    def begin(self):
+    def begin(self, on_team=False):
+        """Before a run; `on_team`: its plan splits compiled kernels over numba's team (Plan.on_team),
+        which it then runs on alone: the kernels' pool of one thread, BLAS on one."""
+        team = on_team and self.threads > 1 and jit.team_shares(self.threads)
         changed = None
-        for get, set_, wanted in self._counters:
+        for get, set_, wanted in self._alone if team else self._counters:
             count = get()
             if count != wanted:
                 set_(wanted)
                 changed = (changed or ()) + ((set_, count),)
         # The pool is looked up per run (a dict lookup): after a fork the parent's workers are gone
         # and the child's pool is made anew.
-        return parallel.enter(parallel.pool(self.threads)), changed
+        pool = parallel.SERIAL if team else parallel.pool(self.threads)
+        return parallel.enter(pool), parallel.enter_team(team or 1), changed
 
     def end(self, state):
-        token, changed = state
+        token, team, changed = state
+        parallel.leave_team(team)
         parallel.leave(token)
         for set_, count in changed or ():
             set_(count)

@@ -106,11 +106,14 @@ def compile_graph(graph, feeds, options=CompileOptions(), constants=None, planne
     which is in force for the shape rules and kernels while the graph is planned.
     """
     limit = size_limit.current() if options.max_tensor_bytes is None else options.max_tensor_bytes
-    with size_limit.in_force(limit), jit.chosen(options.compiled_kernels), parallel.planned(options.kernel_threads):
+    with size_limit.in_force(limit), jit.chosen(options.compiled_kernels), \
+            parallel.planned(options.kernel_threads) as planned:
         if options.memory_budget is None:
-            return _compile_graph(graph, feeds, options, constants, planner, packer, limit)
-        with scratch_limit(max(SCRATCH_FLOOR, options.memory_budget // 16)):
-            return _compile_graph(graph, feeds, options, constants, planner, packer, limit)
+            plan = _compile_graph(graph, feeds, options, constants, planner, packer, limit)
+        else:
+            with scratch_limit(max(SCRATCH_FLOOR, options.memory_budget // 16)):
+                plan = _compile_graph(graph, feeds, options, constants, planner, packer, limit)
+    return replace(plan, on_team=True) if planned.team else plan
 
 
 def _compile_graph(graph, feeds, options, constants, planner, packer, limit):

@@ -122,3 +122,4 @@ class Plan:
     buffers: tuple = ()  # ArenaBuffer, by offset
     mapped_weights: tuple = ()  # the ExternalData whose mapped bytes the steps read at run time
     streaming: object = None  # budget.Streaming under a memory budget: weights read ahead and dropped
+    on_team: bool = False  # kernels split over numba's team of threads (ops/parallel.team): runs use it alone

@@ -39,6 +39,9 @@ _SCALARS = {np.dtype(np.float32): ("s", ctypes.c_float), np.dtype(np.float64): (
 # cost 8-11 us a product where numpy's matmul costs 2.5-4 (64 x 128 x 8: 8.0 against 2.5 us), and
 # below ~1M multiply-adds (25 us at one thread) that outweighs what the kernels chosen here gain.
 MATMUL_FROM = 1 << 20
+# A product of at least this many multiply-adds is shared on numba's team where a run is on one
+# (parallel.team; ~4 us a launch).
+TEAM_GEMM_FROM = 1 << 18
 
 
 class Library:
@@ -76,13 +79,14 @@ class Gemm:
     one column or one row (N or M of 1) is the library's ?gemv where it has one (768 x 384 by a
     vector as a ?gemm of one column took 250 us at two threads, numpy's matmul 60)."""
 
-    __slots__ = ("dtype", "_function", "_gemv", "_limit")
+    __slots__ = ("dtype", "_function", "_gemv", "_limit", "_address")
 
     def __init__(self, dtype, function, limit, gemv=None):
         self.dtype = dtype
         self._function = function
         self._gemv = gemv
         self._limit = limit  # the largest dimension or leading dimension the library's integers hold
+        self._address = ctypes.cast(function, ctypes.c_void_p).value if dtype == np.float32 else None
 
     def __call__(self, a, b, c, accumulate=False):
         m, k = a.shape
@@ -120,8 +124,22 @@ class Gemm:
         """c (m, n) = a (m, k) @ b (k, n), all three C-contiguous of this dtype, m and n above 1,
         each dimension within `limit`: unchecked, the caller has made sure (conv_core.GemmStep at
         PREPARE and on each call), so a product costs the library's call and nothing else."""
-        self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, address(a), k, address(b), n, 0.0,
-                       address(c), n)
+        if not self._on_team(NO_TRANS, NO_TRANS, m, n, k, a, k, b, n, 0.0, c, n):
+            self._function(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, address(a), k, address(b), n, 0.0,
+                           address(c), n)
+
+    def _on_team(self, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc):
+        """The product in shares on numba's team where the run is on one (parallel.team) and it is
+        large enough to share (TEAM_GEMM_FROM): each share this library's call on one thread (the
+        library's own threads would spin beside the team's). Whether it was done so."""
+        shares = parallel.team()
+        if shares < 2 or self._address is None or m * n * k < TEAM_GEMM_FROM or max(m, n // 16) < 2:
+            return False
+        from . import jit
+
+        jit.on_team("gemm", shares)(self._address, self._limit > (1 << 31), trans_a, trans_b, m, n, k, address(a),
+                                    lda, address(b), ldb, beta, address(c), ldc)
+        return True
 
     def takes(self, a, b, c):
         """Whether `self(a, b, c)` computes c = a @ b as the operands lie (not an empty product)."""
@@ -167,7 +185,7 @@ class Gemm:
             stored = (k, n) if trans_b == NO_TRANS else (n, k)
             self._gemv(ROW_MAJOR, TRANS if trans_b == NO_TRANS else NO_TRANS, *stored, 1.0, address(b), ldb,
                        address(a), a.strides[1] // item, beta, address(c), c.strides[1] // item)
-        else:
+        elif not self._on_team(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc):
             self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, address(a), lda, address(b), ldb,
                            beta, address(c), ldc)
 
@@ -273,7 +291,9 @@ def for_run():
     next product, taking the same cores from each other (PP-OCRv6 det at two threads, both
     libraries on two: 80 ms against 33 ms with numpy's alone; with numpy's pinned to one thread
     while runs last, the set ran 7% slower than on numpy's alone, and silero VAD alternated
-    between 0.2 and 0.4 ms a run), while one thread has no threads to spin."""
+    between 0.2 and 0.4 ms a run), while one thread has no threads to spin. A run on numba's team
+    (parallel.team) has a pool of one thread: nnrun's own library, its products shared on the team
+    (Gemm._on_team)."""
     return library() if parallel.current().threads == 1 else numpys()
 
 

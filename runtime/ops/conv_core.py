@@ -706,7 +706,7 @@ def _product_kernel(plan, force, scratch_bytes=0):
     scratch a step may take) or where `force`d; else None."""
     k = plan.c_in * plan.window.taps
     limit = 2 * step_scratch_limit()
-    if not force and not (k <= SHIFTED_TILED_DEPTH and parallel.planned_threads() == 1
+    if not force and not (k <= SHIFTED_TILED_DEPTH and products_planned(plan.dtype)
                           and plan.c_out * k * plan.dtype.itemsize <= limit and scratch_bytes <= limit):
         return None
     kernel = jit.tiled_product_kernel(plan.dtype)
@@ -814,7 +814,7 @@ class _GatheredProduct:
     `after` is what is left of the activation to apply."""
 
     def __init__(self, kernel, w_tiles, x, rows_at, bias, c_out, activation):
-        self.kernel, self.k, self.tiles = kernel, rows_at.size, -(-c_out // kernel.MR)
+        self.kernel, self.k = kernel, rows_at.size
         self.mode, self.p0, self.p1, self.after = jit.activation_mode(activation, x.dtype)
         self.bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, x.dtype)
         address = blas.address
@@ -824,8 +824,8 @@ class _GatheredProduct:
 
     def __call__(self, sums):
         w_at, x_at, rows_at = self.addresses
-        self.kernel.product(w_at, x_at, rows_at, True, self.k, self.bias_at, sums, blas.address(sums), False,
-                            self.mode, self.p0, self.p1, 0, self.tiles, 0, sums.shape[1], self.tail)
+        run_product(self.kernel, w_at, x_at, rows_at, True, self.k, self.bias_at, sums, blas.address(sums), False,
+                    self.mode, self.p0, self.p1, self.tail)
 
 
 def shifted_taps(w, plan):
@@ -1260,7 +1260,7 @@ class GemmStep:
         """Whether the weight is best packed in the compiled product's tiles (see TILED_MIN); from
         then on the step takes it so (and `tiled` is the kernel)."""
         if (self.windows is None and not self.transposed and self.n >= TILED_COLUMNS and self.k <= TILED_DEPTH
-                and self.m * self.k * self.n >= TILED_MIN and parallel.planned_threads() == 1
+                and self.m * self.k * self.n >= TILED_MIN and products_planned(self.dtype)
                 and self.m * self.k * self.dtype.itemsize <= 2 * step_scratch_limit()):
             self.tiled = jit.tiled_product_kernel(self.dtype)
         if self.tiled is not None:
@@ -1319,20 +1319,66 @@ class GemmStep:
 # one image: from TILED_MIN multiply-adds (below it numpy's matmul and bias cost less than the
 # call), TILED_COLUMNS pixels (a vector's; one pixel is a row product) and K up to TILED_DEPTH
 # (its sums run over all of K; X's rows for a tile's columns then stay in L2). The weight is packed
-# up to twice the scratch a step may take, as a row product's. Plans for one thread only: on two,
-# OpenBLAS splits the product on its own spinning threads, where handing a share to the kernels'
+# up to twice the scratch a step may take, as a row product's. Plans for one thread, or for several
+# on numba's team (ON_TEAM), whose threads spin between launches: handing a share to the kernels'
 # pool costs ~60 us (256 x 256 x 196, 240 us on one thread: 215 us in two shares, 165 us by
-# numpy's OpenBLAS on two).
+# numpy's OpenBLAS on two), and without the team OpenBLAS splits the product on its own threads.
 TILED_MIN = 1 << 16
 TILED_COLUMNS = 8
 TILED_DEPTH = 1024
+
+# Plans for several threads use the compiled kernels on numba's team of threads (parallel.team):
+# the products, and the depthwise convolutions split over it. Its threads spin between launches
+# (~4 us a launch) where the kernels' pool wakes a sleeping thread (~30 us, and on a busy virtual
+# machine far longer), and a session on the team runs on it alone (threads.RunThreads).
+ON_TEAM = True
+# A kernel on the team splits into shares of at least this many multiply-adds.
+TEAM_SHARE = 1 << 16
+
+
+def products_planned(dtype):
+    """Whether plans made now (for parallel.planned_threads) may use the compiled product: on one
+    thread, or on several where numba's team splits it (ON_TEAM; the plan then asks for the team)."""
+    threads = parallel.planned_threads()
+    if threads == 1:
+        return True
+    return _asks_team() and jit.tiled_product_kernel(dtype) is not None
+
+
+def _asks_team():
+    """Whether plans made now for several threads split compiled kernels over numba's team (ON_TEAM,
+    and the team serves: jit.team_shares); if so the plan says so (parallel.asks_team)."""
+    if not (ON_TEAM and jit.wanted() and jit.team_shares(parallel.planned_threads())):
+        return False
+    parallel.asks_team()
+    return True
+
+
+def _team_shares(work):
+    """The shares of a compiled kernel of `work` multiply-adds on the run's team (1: not split)."""
+    return max(1, min(parallel.team(), work // TEAM_SHARE))
+
+
+def run_product(kernel, w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, tail=None):
+    """kernel.product over all of out (M, N), at the addresses given (see _jit_gemm.product), in
+    shares on numba's team where the run is on one (parallel.team), else on this thread. `tail`:
+    scratch of the kernel's TAIL_SCRATCH (None: made here)."""
+    m, n = out.shape
+    shares = _team_shares(m * k * n)
+    if shares > 1:
+        jit.on_team("product", shares)(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, n)
+        return
+    if tail is None:
+        tail = np.empty(kernel.TAIL_SCRATCH if n % kernel.LANES else 1, out.dtype)
+    kernel.product(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, 0, -(-m // kernel.MR), 0,
+                   n, tail)
 
 
 def tiled_product(kernel, w_tiles, x, bias, out, activation, residual=None):
     """out (M, N) = the activation of w @ x (K, N) + bias + residual, by the compiled product
     (jit.tiled_product_kernel), `w_tiles` packed by its `pack`; x, out and residual each with
     contiguous rows (a band of an image's rows is one), residual's as far apart as out's (else it
-    is added after), the bias contiguous. On the calling thread (see TILED_MIN)."""
+    is added after), the bias contiguous. On numba's team where the run is on one (run_product)."""
     m, n = out.shape
     mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
     late = residual is not None and residual.strides != out.strides
@@ -1340,9 +1386,8 @@ def tiled_product(kernel, w_tiles, x, bias, out, activation, residual=None):
         mode, p0, p1, after = jit.activation_mode(None, out.dtype)
     has_residual = residual is not None and not late
     address = blas.address
-    kernel.product(address(w_tiles), address(x), x.strides[0] // x.itemsize, False, x.shape[0], address(bias), out,
-                   address(residual if has_residual else out), has_residual, mode, p0, p1, 0, -(-m // kernel.MR), 0,
-                   n, np.empty(kernel.TAIL_SCRATCH if n % kernel.LANES else 1, out.dtype))
+    run_product(kernel, address(w_tiles), address(x), x.strides[0] // x.itemsize, False, x.shape[0], address(bias),
+                out, address(residual if has_residual else out), has_residual, mode, p0, p1)
     if late:
         np.add(out, residual, out=out)
         after = activation
@@ -1859,6 +1904,8 @@ def _compiled_depthwise(window, channels, multiplier, dtype):
     if len(window.in_spatial) not in (1, 2):
         return None
     window = _as_2d(window)
+    if parallel.planned_threads() > 1:
+        _asks_team()  # (runs split the compiled kernels over the team where it serves)
     if (multiplier == 1 and math.prod(window.out_spatial) <= CHANNELS_LAST_MAX_PIXELS
             and window.out_spatial[-1] <= CHANNELS_LAST_MAX_WIDTH and window.in_spatial[-1] <= CHANNELS_LAST_MAX_WIDTH):
         kernel = jit.depthwise_channels_last_kernel(dtype)
@@ -2056,8 +2103,18 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
     bias = bias if has_bias else w2[0]  # any array of the dtype: the kernel does not read it
     multiplier = plan.c_out // plan.c_in
     one_row = len(plan.window.in_spatial) == 1
-    shares = parallel.ranges(plan.c_out, parallel.parts(out[0].size * plan.window.taps, COMPILED_SHARE))
     bias = np.ascontiguousarray(bias)  # numba compiles a kernel per layout: keep to the one compiled
+    team = _team_shares(out[0].size * plan.window.taps)
+    if team > 1:
+        planes = np.empty((team, how.planes_elems), out.dtype)
+        for n in range(out.shape[0]):
+            x_n, out_n = _as_2d_image(x, out, n, one_row)
+            jit.on_team("depthwise", team)(x_n, w2, bias, has_bias, out_n, planes, how.fills, how.offsets, how.plane_w,
+                                           how.plane_size, how.q_stride, multiplier, mode, p0, p1)
+        if after is not None:
+            _bias_activation(out, None, after, CHANNELS_FIRST)
+        return out
+    shares = parallel.ranges(plan.c_out, parallel.parts(out[0].size * plan.window.taps, COMPILED_SHARE))
     for n in range(out.shape[0]):
         x_n, out_n = _as_2d_image(x, out, n, one_row)
 
@@ -2082,6 +2139,7 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
     bias = np.ascontiguousarray(bias) if has_bias else w  # any array of the dtype when there is none
     padded, result = scratch[:how.padded_elems], scratch[how.padded_elems:how.padded_elems + how.result_elems]
     blocks = -(-c // CHANNELS_LAST_BLOCK)
+    team = min(_team_shares(out[0].size * window.taps), blocks)
     shares = [(b0 * CHANNELS_LAST_BLOCK, min(c, b1 * CHANNELS_LAST_BLOCK))
               for b0, b1 in parallel.ranges(blocks, parallel.parts(out[0].size * window.taps, COMPILED_SHARE))]
     geometry = (*how.padded, *window.kernel, *window.strides, *window.dilations, *window.pads_begin)
@@ -2098,7 +2156,11 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
 
         def share(i):
             how.kernel(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1, *shares[i], staged)
-        parallel.current().run(share, len(shares))  # inline when there is one
+        if team > 1:
+            jit.on_team("channels_last", team)(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1,
+                                               staged, CHANNELS_LAST_BLOCK)
+        else:
+            parallel.current().run(share, len(shares))  # inline when there is one
         if staged:
             transpose.rows(pixels_out, c, result, out_n)
     if after is not None:

@@ -16,6 +16,12 @@ ResNet-50 run holds. Plans that do not ask, or a process without numba, take the
 which compute the same sums (the compiled products in another order, with fused multiply-adds:
 the last bits differ, as between two BLAS libraries).
 
+On several threads the products, depthwise convolutions and BLAS products of a plan with compiled
+kernels run in shares on numba's team of threads (`team_shares`, `on_team`: OpenMP's or TBB's
+threading layer, whose threads spin between launches), the session's runs on it alone
+(parallel.team). Where the team does not serve (one core, no thread-safe layer), plans keep to
+the kernels' pool and BLAS's own threads, as before.
+
 A kernel is compiled (or loaded from numba's on-disk cache) when the first plan that uses it is
 made, at PREPARE, so a run never compiles. Asked for where numba is missing or fails to compile,
 they warn once per process and the numpy paths are used.
@@ -147,6 +153,104 @@ def tiled_product_kernel(dtype):
     if np.dtype(dtype) != np.float32 or not wanted() or not _vector_fma():  # (wanted first: llvmlite is large)
         return None
     return _kernel("tiled_product", dtype)
+
+
+def team_shares(threads):
+    """The shares a compiled kernel splits into on numba's team for a run of `threads`: min(threads,
+    the team's size) where the team serves, else 0. It serves where numba loads a thread-safe
+    threading layer (OpenMP's or TBB's; the workqueue it falls back on without them ends the
+    process when two threads launch at once, as two sessions' runs may) and its kernels pass their
+    self-check; checked once, by the first plan that asks (runs, where `wanted` is not set, find
+    the answer)."""
+    if threads < 2:
+        return 0
+    size = _team.get("size")
+    if size is None:
+        if _kernel("depthwise", np.float32) is None:  # (numba there, and compiled kernels wanted)
+            return 0
+        with _lock:
+            size = _team.get("size")
+            if size is None:
+                size = _team["size"] = _team_size()
+    return min(threads, size) if size > 1 else 0
+
+
+_team = {}
+
+
+def _no_team_in_child():
+    # A forked child has none of its parent's team, and OpenMP's runtime does not start one again
+    # after a fork (it would wait on threads that are not there): the child runs without a team.
+    if _team.get("size"):
+        _team.clear()
+        _team["size"] = 0
+
+
+os.register_at_fork(after_in_child=_no_team_in_child)
+
+
+def _team_size():
+    """numba's team size (NUMBA_NUM_THREADS) where the team serves (see team_shares), else 0."""
+    try:
+        from numba import set_num_threads, threading_layer
+        from numba.core import config
+
+        if config.NUMBA_NUM_THREADS < 2:
+            return 0
+        if config.THREADING_LAYER == "default":  # (a layer the program or the environment chose is kept)
+            config.THREADING_LAYER = "threadsafe"
+        from ._jit_depthwise import depthwise_on_threads
+
+        # Two 1x1 channels (1 and 2) through a 3x3 window, padded, weights 1: a share each.
+        x = np.array([[[1]], [[2]]], np.float32)
+        out = np.empty((2, 1, 1), np.float32)
+        fills = np.array([[1, 2, 1, 2, 0, 1, 0, 1]], np.int64)
+        set_num_threads(2)
+        depthwise_on_threads(x, np.ones((9, 2), np.float32), np.zeros(2, np.float32), True, out,
+                             np.full((2, 12), np.nan, np.float32), fills, np.arange(9, dtype=np.int64), 3, 12, 3, 1,
+                             CLAMP, np.float32(-np.inf), np.float32(np.inf), 2)
+        _expect("depthwise on threads", tuple(out.ravel()), (1, 2))
+        if threading_layer() not in ("omp", "tbb"):
+            return 0
+        return config.NUMBA_NUM_THREADS
+    except Exception:  # noqa: BLE001 - plans for several threads then keep to the kernels' pool, as before
+        return 0
+
+
+def on_team(name, shares):
+    """The compiled kernel `name` ("product", "gemm": _jit_gemm's product_on_threads and
+    gemm_on_threads; "depthwise", "channels_last": _jit_depthwise's ..._on_threads) as a callable
+    that runs it in `shares` at once on numba's team (team_shares gives how many), taking the
+    kernel's arguments up to `parts` (the product's tail scratch made here)."""
+    found = _team.get((name, shares))
+    if found is None:
+        with _lock:
+            found = _team[name, shares] = _team_runner(name, shares)
+    return found
+
+
+def _team_runner(name, shares):
+    from numba import set_num_threads
+
+    if name == "product":
+        from ._jit_gemm import TAIL_SCRATCH, product_on_threads
+
+        def run(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, n):
+            set_num_threads(shares)  # numba's count is the calling thread's own
+            product_on_threads(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, n, shares,
+                               np.empty((shares, TAIL_SCRATCH), np.float32))
+        return run
+    if name == "gemm":
+        from ._jit_gemm import gemm_on_threads as kernel
+    else:
+        from . import _jit_depthwise
+
+        kernel = getattr(_jit_depthwise, f"{name}_on_threads")
+
+    def run(*arguments):
+        set_num_threads(shares)
+        kernel(*arguments, shares)
+    return run
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,6 +10,11 @@ started.
 
 The pool a run uses is set by the session around the run (`enter`, `leave`), in a context
 variable, so sessions of different sizes may run at once in different threads.
+
+A session with compiled kernels on several threads runs them on numba's team instead (`team`):
+threads that spin between launches, where this pool's sleep. Two sets of spinning threads (the
+team's and BLAS's), or a sleeping one beside a spinning one, take the same cores from each other,
+so such a run has a pool of one thread and BLAS on one, its products shared on the team too.
 """
 
 import contextlib
@@ -187,22 +192,63 @@ def leave(token):
     _CURRENT.reset(token)
 
 
-_PLANNED = contextvars.ContextVar("nnrun_planned_threads", default=1)
+_PLANNED = contextvars.ContextVar("nnrun_planned_threads", default=None)
+
+
+class Planned:
+    """What plans made for a session's threads ask of them: `threads`, and `team` set where a plan
+    splits a compiled kernel over numba's team (`asks_team`)."""
+
+    __slots__ = ("threads", "team")
+
+    def __init__(self, threads):
+        self.threads, self.team = max(1, threads), False
 
 
 @contextlib.contextmanager
 def planned(threads):
-    """Plans made inside are for runs on a pool of `threads` (compile_graph: the session's)."""
-    token = _PLANNED.set(max(1, threads))
+    """Plans made inside are for runs on a pool of `threads` (compile_graph: the session's); yields
+    the Planned record, whose `team` says after whether a plan asked for the team."""
+    record = Planned(threads)
+    token = _PLANNED.set(record)
     try:
-        yield
+        yield record
     finally:
         _PLANNED.reset(token)
 
 
 def planned_threads():
     """The threads of the pool the plan being made runs on (1 outside PREPARE)."""
-    return _PLANNED.get()
+    record = _PLANNED.get()
+    return 1 if record is None else record.threads
+
+
+def asks_team():
+    """Marks the plans being made as splitting compiled kernels over numba's team: the session's
+    runs then run on it alone (threads.RunThreads.on_team)."""
+    record = _PLANNED.get()
+    if record is not None and record.threads > 1:
+        record.team = True
+
+
+# The shares compiled kernels split into on numba's team of threads (jit.py's `on_team`), in a
+# session whose runs use it (threads.RunThreads.on_team); 1 elsewhere. numba's threads spin
+# between launches (~4 us a launch); the kernels' pool wakes a sleeping thread (~30 us, far more on
+# a busy virtual machine), and BLAS's threads spin too: a session on the team runs on it alone.
+_TEAM = contextvars.ContextVar("nnrun_team", default=1)
+
+
+def team():
+    """The shares of a compiled kernel on the run's team (1: not on a team)."""
+    return _TEAM.get()
+
+
+def enter_team(shares):
+    return _TEAM.set(shares)
+
+
+def leave_team(token):
+    _TEAM.reset(token)
 
 
 def ranges(total, parts):

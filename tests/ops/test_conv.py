@@ -642,9 +642,12 @@ FEW_CHANNEL_CASES = [
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", FEW_CHANNEL_CASES)
 @pytest.mark.parametrize("activation", [None, "Relu", "HardSwish", "Sigmoid"])
-def test_convolutions_of_few_channels(x_shape, w_shape, attrs, activation, kernels):
-    """With compiled kernels, a stem's convolution sums every channel's taps in one compiled loop
-    (bias and activation with it, Sigmoid after); as installed, im2col. Against onnxruntime."""
+def test_convolutions_of_few_channels(x_shape, w_shape, attrs, activation, kernels, monkeypatch):
+    """With compiled kernels where the compiled product does not take them (STEMS_BY_PRODUCT off
+    here: float64, a machine without vector fused multiply-adds), a stem's convolution sums every
+    channel's taps in one compiled loop (bias and activation with it, Sigmoid after); as installed,
+    im2col. Against onnxruntime."""
+    monkeypatch.setattr(conv_core, "STEMS_BY_PRODUCT", False)
     x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if activation else "y"], **attrs)]
     if activation:
@@ -683,15 +686,18 @@ def test_which_convolutions_take_the_few_channels_kernel(monkeypatch):
 def test_stems_by_the_compiled_product_on_one_thread(x_shape, w_shape, attrs, method, activation):
     """With compiled kernels on one thread a stem's convolution (few input channels, few taps) sums
     its taps by the compiled product (conv_core.STEMS_BY_PRODUCT) over padded tiles (stride 1) or
-    phase planes (strided), its weight packed in the product's tiles; on two threads the
-    few-channels kernel as before; under a memory budget in bands of rows. Against onnxruntime."""
+    phase planes (strided), its weight packed in the product's tiles; on two threads so on numba's
+    team, without it the few-channels kernel as before; under a memory budget in bands of rows.
+    Against onnxruntime."""
     model, x = _conv_activation_model(x_shape, w_shape, attrs, activation, True)
     expected = run_onnxruntime(model, {"x": x})[0]
     session = _tiled_session(model)
     conv = session.plan().steps[0].kernel
     assert conv.plan.method == method and conv.w_shifted is not None and conv.packed == frozenset([1])
     assert_close(session.run(None, {"x": x})[0], expected)
-    assert _tiled_session(model, threads=2).plan().steps[0].kernel.plan.method == "few-channels"
+    two = _tiled_session(model, threads=2)
+    assert two.plan().steps[0].kernel.plan.method == (method if _team_here() else "few-channels")
+    assert_close(two.run(None, {"x": x})[0], expected)
     chain = make_model([helper.make_node("Relu", ["x"], ["r"])] + list(model.graph.node), [("x", x)], [("y", None)],
                        [(t.name, numpy_helper.to_array(t)) for t in model.graph.initializer])
     chain.graph.node[1].input[0] = "r"
@@ -1168,6 +1174,13 @@ def test_pointwise_of_one_pixel_packed_under_a_memory_budget_and_in_bands():
                  rtol=1e-4)
 
 
+def _team_here():
+    """Whether sessions of two threads with compiled kernels run them on numba's team here (a
+    thread-safe threading layer, two threads or more: jit.team_shares)."""
+    with jit.chosen(True):
+        return jit.team_shares(2) > 0
+
+
 def _tiled_session(model, threads=1, **options):
     so = nnrun.SessionOptions()
     so.compiled_kernels = True
@@ -1259,16 +1272,20 @@ def test_pointwise_tiles_serve_bands_views_and_a_memory_budget(monkeypatch):
 
 @needs_numba
 def test_pointwise_tiles_only_where_they_pay(monkeypatch):
-    """Tiles for a product of TILED_MIN multiply-adds or more, on one thread (on two, OpenBLAS's own
-    split serves), of TILED_COLUMNS pixels and more, K up to TILED_DEPTH, a weight up to twice the
-    scratch a step may take, and only with compiled kernels; elsewhere the weight as it lies."""
+    """Tiles for a product of TILED_MIN multiply-adds or more, on one thread or on numba's team (on
+    two threads without it, OpenBLAS's own split serves), of TILED_COLUMNS pixels and more, K up to
+    TILED_DEPTH, a weight up to twice the scratch a step may take, and only with compiled kernels;
+    elsewhere the weight as it lies."""
     def tiled(x_shape, c_out, threads=1, compiled=True):
         model, x = _conv_activation_model(x_shape, (c_out, x_shape[1], 1, 1), {}, "Relu", True)
         session = _tiled_session(model, threads, compiled_kernels=compiled)
         assert_close(session.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-4)
         return session.plan().steps[0].kernel.w_tiles is not None
     assert tiled((1, 64, 16, 16), 64)  # 1M multiply-adds
+    assert tiled((1, 64, 16, 16), 64, threads=2) == _team_here()
+    monkeypatch.setattr(conv_core, "ON_TEAM", False)
     assert not tiled((1, 64, 16, 16), 64, threads=2)
+    monkeypatch.setattr(conv_core, "ON_TEAM", True)
     assert not tiled((1, 64, 16, 16), 64, compiled=False)
     assert not tiled((1, 16, 8, 8), 16)  # 16K multiply-adds: numpy's matmul
     assert not tiled((1, 1056, 2, 4), 64)  # K beyond TILED_DEPTH
@@ -1457,11 +1474,11 @@ def test_shifted_convolutions_of_a_session_by_the_compiled_product(activation, r
 
 @needs_numba
 def test_shifted_convolutions_by_the_compiled_product_only_where_they_pay_and_in_bands():
-    """On two threads, or summing more than SHIFTED_TILED_DEPTH, the taps stay BLAS GEMMs (or
-    im2col's, where those do not pay); a convolution that im2col would run, however small, runs
-    shifted by the compiled product on one thread (SHIFTED_BY_PRODUCT); under a memory budget that
-    runs the step in bands of rows, each band sums its taps by the compiled product on the weight
-    packed for it."""
+    """On two threads without numba's team, or summing more than SHIFTED_TILED_DEPTH, the taps stay
+    BLAS GEMMs (or im2col's, where those do not pay); a convolution that im2col would run, however
+    small, runs shifted by the compiled product on one thread or the team (SHIFTED_BY_PRODUCT);
+    under a memory budget that runs the step in bands of rows, each band sums its taps by the
+    compiled product on the weight packed for it."""
     def method(x_shape, c_out, threads=1, **options):
         model, feeds = _shifted_model(x_shape, c_out)
         session = _tiled_session(model, threads, **options)
@@ -1469,10 +1486,17 @@ def test_shifted_convolutions_by_the_compiled_product_only_where_they_pay_and_in
         conv = session.plan().steps[0].kernel
         return conv.plan.method + (" tiled" if getattr(conv.plan.tiles, "tiled", None) is not None else "")
     assert method((1, 16, 64, 64), 16) == "gemm-shifted tiled"
-    assert method((1, 16, 64, 64), 16, threads=2) == "gemm-shifted"
     assert method((1, 520, 64, 64), 8) == "gemm-shifted"  # K = 4,680
     assert method((1, 32, 56, 56), 32) == method((2, 3, 20, 9), 4) == "gemm-shifted tiled"
-    assert method((1, 32, 56, 56), 32, threads=2) == "gemm-flat"
+    on_team = "gemm-shifted tiled" if _team_here() else None
+    assert method((1, 16, 64, 64), 16, threads=2) == (on_team or "gemm-shifted")
+    assert method((1, 32, 56, 56), 32, threads=2) == (on_team or "gemm-flat")
+    conv_core.ON_TEAM = False
+    try:
+        assert method((1, 16, 64, 64), 16, threads=2) == "gemm-shifted"
+        assert method((1, 32, 56, 56), 32, threads=2) == "gemm-flat"
+    finally:
+        conv_core.ON_TEAM = True
     x, w1, w2 = _data((1, 16, 96, 64)), _data((16, 16, 3, 3), 1) / 12, _data((16, 16, 3, 3), 2) / 12
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
@@ -1530,9 +1554,10 @@ def test_strided_convolutions_by_the_compiled_product_over_phase_planes(x_shape,
 
 @needs_numba
 def test_strided_convolutions_of_a_session_over_phase_planes_only_where_they_pay_and_in_bands():
-    """With compiled kernels on one thread a strided convolution's weight is packed in the compiled
-    product's tiles and its taps summed over phase planes; on two threads, and for a strided 1x1
-    (one phase: a subsampling), im2col as before; under a memory budget that runs the step in
+    """With compiled kernels on one thread (or numba's team) a strided convolution's weight is packed
+    in the compiled product's tiles and its taps summed over phase planes; on two threads without
+    the team, and for a strided 1x1 (one phase: a subsampling), im2col as before; under a memory
+    budget that runs the step in
     bands of rows, each band over its own phase planes."""
     def model_of(x_shape, c_out, kernel, pads):
         x, w, b = _data(x_shape), _data((c_out, x_shape[1], *kernel), 1) / 8, _data((c_out,), 2)
@@ -1546,7 +1571,12 @@ def test_strided_convolutions_of_a_session_over_phase_planes_only_where_they_pay
         assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
         return session.plan().steps[0].kernel.plan.method
     assert method((1, 48, 40, 32), 24) == "gemm-phases"
-    assert method((1, 48, 40, 32), 24, threads=2) != "gemm-phases"
+    assert (method((1, 48, 40, 32), 24, threads=2) == "gemm-phases") == _team_here()
+    conv_core.ON_TEAM = False
+    try:
+        assert method((1, 48, 40, 32), 24, threads=2) != "gemm-phases"
+    finally:
+        conv_core.ON_TEAM = True
     assert method((1, 64, 28, 28), 32, kernel=(1, 1), pads=(0, 0, 0, 0)) != "gemm-phases"
     x, w0, w1, b1 = _data((1, 16, 64, 48)), _data((16, 16, 3, 3), 1) / 12, _data((16, 16, 3, 3), 2) / 12, \
         _data((16,), 3)

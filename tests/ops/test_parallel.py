@@ -7,11 +7,12 @@ import time
 
 import numpy as np
 import pytest
+from compiled import needs_numba
 from oracle import assert_close, helper, make_model, rng, run_onnxruntime
 
 import nnrun
 from nnrun import threads
-from nnrun.ops import conv_core, parallel
+from nnrun.ops import conv_core, jit, parallel
 
 
 def test_pool_runs_each_chunk_once():
@@ -112,7 +113,8 @@ def test_a_runs_thread_counts_are_read_and_set_through_each_librarys_own_functio
 
 @pytest.fixture
 def split_everything(monkeypatch):
-    """Every op splits, and the test sees that some did."""
+    """Every op splits (on the kernels' pool, or numba's team of threads), and the test sees that
+    some did."""
     monkeypatch.setattr(parallel, "MIN_SHARE", 1)
     monkeypatch.setattr(parallel, "SPLIT_FROM", 2)
     monkeypatch.setattr(conv_core, "COMPILED_SHARE", 1)
@@ -129,6 +131,14 @@ def split_everything(monkeypatch):
         runs.append(count)
         return real(self, chunk, count)
     monkeypatch.setattr(parallel.Pool, "run", counted)
+    # With compiled kernels a session may run them on numba's team instead: its splits count too.
+    monkeypatch.setattr(conv_core, "TEAM_SHARE", 1)
+    on_team = jit.on_team
+
+    def counted_on_team(name, shares):
+        runs.append(shares)
+        return on_team(name, shares)
+    monkeypatch.setattr(jit, "on_team", counted_on_team)
     return runs
 
 
@@ -277,3 +287,120 @@ def test_global_max_pool_splits(split_everything):
     x = _data((2, 5, 6, 7))
     model = make_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])], [("x", x)], [("y", None)])
     _check_split(model, {"x": x}, split_everything)
+
+
+def _team_model():
+    """A stem over phase planes, pointwise convolutions over many pixels (split by columns) and over
+    a 7x7 image (split by the weight's tiles), depthwise convolutions channels first and channels
+    last, and products by BLAS of their inputs, split by columns (B as it lies, and both
+    transposed) and by rows (B transposed): every kernel numba's team runs."""
+    x, a, b, c, d = _data((1, 3, 40, 48)), _data((64, 128), 1), _data((128, 200), 2), _data((300, 64), 3), \
+        _data((70, 64), 4)
+    inits = [("w0", _data((16, 3, 3, 3), 5) / 4), ("b0", _data((16,), 6)), ("w1", _data((32, 16, 1, 1), 7) / 4),
+             ("w2", _data((32, 1, 3, 3), 8)), ("w3", _data((32, 1, 3, 3), 9)), ("w4", _data((96, 32, 1, 1), 10) / 4)]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"]),                                   # 20x24
+             helper.make_node("Conv", ["c1", "w2"], ["c2"], group=32, pads=[1, 1, 1, 1]),      # channels first
+             helper.make_node("MaxPool", ["c2"], ["p2"], kernel_shape=[3, 3], strides=[3, 3]),  # 6x8
+             helper.make_node("Conv", ["p2", "w3"], ["c3"], group=32, pads=[1, 1, 1, 1]),      # channels last
+             helper.make_node("Conv", ["c3", "w4"], ["y"]),
+             helper.make_node("MatMul", ["a", "b"], ["m"]),
+             helper.make_node("Gemm", ["c", "d"], ["g"], transB=1),
+             helper.make_node("Gemm", ["e", "f"], ["h"], transA=1, transB=1)]
+    feeds = {"x": x, "a": a, "b": b, "c": c, "d": d, "e": _data((64, 48), 11), "f": _data((400, 64), 12)}
+    return make_model(nodes, list(feeds.items()), [("y", None), ("m", None), ("g", None), ("h", None)], inits), feeds
+
+
+def _team_session(model, threads=2):
+    options = nnrun.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.compiled_kernels = True
+    options.weight_cache_dir = None
+    return nnrun.InferenceSession(model.SerializeToString(), options)
+
+
+def _skip_without_team():
+    with jit.chosen(True):
+        if not jit.team_shares(2):
+            pytest.skip("numba has no thread-safe team of two threads here (one core, or neither OpenMP nor TBB)")
+
+
+@needs_numba
+def test_compiled_kernels_run_on_numbas_team(monkeypatch):
+    """With compiled kernels on two threads a session runs its products, depthwise convolutions and
+    BLAS products in shares on numba's team, alone: the kernels' pool on one thread and BLAS on one
+    while it runs. Against onnxruntime."""
+    _skip_without_team()
+    model, feeds = _team_model()
+    session = _team_session(model)
+    assert session.plan().on_team
+    blas_libraries = [library for library in threads.controller().lib_controllers if library.user_api == "blas"]
+    seen = []
+    on_team = jit.on_team
+
+    def recorded(name, shares):
+        seen.append((name, shares, parallel.current().threads, parallel.team(),
+                     [library.get_num_threads() for library in blas_libraries]))
+        return on_team(name, shares)
+    monkeypatch.setattr(jit, "on_team", recorded)
+    monkeypatch.setattr(conv_core, "TEAM_SHARE", 1)
+    for actual, expected in zip(session.run(None, feeds), run_onnxruntime(model, feeds)):
+        assert_close(actual, expected, rtol=1e-4)
+    assert {name for name, *_ in seen} == {"product", "depthwise", "channels_last", "gemm"}
+    assert all(shares == 2 and pool == 1 and team == 2 and set(counts) <= {1}
+               for _, shares, pool, team, counts in seen)
+    assert parallel.team() == 1  # and after the run, no team
+    one = _team_session(model, threads=1)
+    assert not one.plan().on_team
+
+
+@needs_numba
+def test_sessions_run_on_the_team_from_two_threads_at_once():
+    """Runs of two sessions on numba's team at once, from two threads (its threading layer is a
+    thread-safe one): each as onnxruntime computes it."""
+    _skip_without_team()
+    model, feeds = _team_model()
+    expected = run_onnxruntime(model, feeds)
+    sessions = [_team_session(model), _team_session(model)]
+    failures = []
+
+    def runs(session):
+        try:
+            for _ in range(10):
+                for actual, wanted in zip(session.run(None, feeds), expected):
+                    assert_close(actual, wanted, rtol=1e-4)
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            failures.append(e)
+    workers = [threading.Thread(target=runs, args=(s,)) for s in sessions]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert not any(worker.is_alive() for worker in workers) and not failures, failures
+
+
+@needs_numba
+def test_a_forked_child_runs_without_the_team():
+    """OpenMP's runtime does not start its threads again in a forked child: a child of a process
+    that ran on numba's team runs its session's kernels on one thread, and finishes, as onnxruntime
+    computes it."""
+    import multiprocessing
+
+    _skip_without_team()
+    model, feeds = _team_model()
+    session = _team_session(model)
+    session.run(None, feeds)
+    expected = run_onnxruntime(model, feeds)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+
+    def child():
+        queue.put((jit.team_shares(2), session.run(None, feeds)))
+    process = context.Process(target=child)
+    process.start()
+    shares, outputs = queue.get(timeout=120)
+    process.join(30)
+    assert shares == 0 and process.exitcode == 0
+    for actual, wanted in zip(outputs, expected):
+        assert_close(actual, wanted, rtol=1e-4)
