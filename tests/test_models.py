@@ -55,7 +55,9 @@ def test_packed_weights_pages_are_released(name):
     resident = sess.graph.source.resident_bytes()
     assert resident is not None
     assert resident < 0.05 * packed, (resident, packed)
-    assert report["weights_released_bytes"] > 0.9 * packed
+    # (with compiled kernels the packed bytes count the compiled product's tiles, and, from the
+    # weight cache, the folded weights they were packed from: more than the file's weights)
+    assert report["weights_released_bytes"] > 0.9 * min(packed, report["weights_mapped_bytes"])
 
 
 def test_release_can_be_switched_off():
@@ -86,7 +88,9 @@ def test_aligned_external_weights_are_used_as_they_lie():
     # the plan reads every weight from the mapping but those its convolutions over large images
     # pack tap-major for shifted GEMMs (conv2, conv3, conv4: 1 MB of 553), kept in the weight cache.
     path = ensure("vgg16_external")
-    sess = nnrun.InferenceSession(str(path))
+    options = nnrun.SessionOptions()
+    options.compiled_kernels = False  # (the compiled product would pack every convolution's weight in its tiles)
+    sess = nnrun.InferenceSession(str(path), options)
     plan = sess.report()["plan"]
     shifted = [s.kernel for s in sess.plan().steps if getattr(s.kernel, "w_shifted", None) is not None]
     assert len(shifted) == 3 and all(k.plan.method == "gemm-shifted" for k in shifted)

@@ -24,8 +24,10 @@ def session(model, disabled=(), path=None):
     return nnrun.InferenceSession(str(path), sess_options=options)
 
 def subnormals_read(sess):
-    """Subnormal values in the float32 constants the last run's plan read."""
+    """Subnormal values in the float32 constants the last run's plan read, and in what its kernels
+    packed from them (a compiled product's tiles)."""
     arrays = [getattr(v, "array", lambda v=v: v)() for v in sess._last.constants.values()]
+    arrays += [v for step in sess._last.steps for v in vars(step.kernel).values() if isinstance(v, np.ndarray)]
     return sum(count_subnormal(np.asarray(a)) for a in arrays if np.asarray(a).dtype == np.float32)
 
 

@@ -128,14 +128,24 @@ def test_convolutions_without_their_dead_taps_match_onnxruntime(x_shape, w_shape
 
 
 def test_the_dead_taps_stay_out_of_shifted_gemms(monkeypatch):
-    """A stride-1 convolution that takes shifted GEMMs packs its weight tap-major without them."""
+    """A stride-1 convolution that takes shifted GEMMs packs its weight tap-major without them (the
+    BLAS GEMMs a tap; the compiled product's tiles: K of 9 taps x 8 channels)."""
     for name in ("SHIFTED_MIN_PIXELS", "SHIFTED_MIN_CHANNELS", "SHIFTED_MIN_OUT_CHANNELS"):
         monkeypatch.setattr(conv_core, name, 0)
     model, feeds = _conv_model((1, 8, 2, 40), (6, 8, 5, 3), {"pads": [2, 1, 2, 1]})
-    sess = nnrun.InferenceSession(model.SerializeToString())
-    kernel = sess.plan().steps[0].kernel
-    assert kernel.plan.method == "gemm-shifted" and kernel.w_shifted.shape == (9, 6, 8)
-    assert_close(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+    for compiled in (False, True):
+        options = nnrun.SessionOptions()
+        options.compiled_kernels = compiled
+        sess = nnrun.InferenceSession(model.SerializeToString(), options)
+        kernel = sess.plan().steps[0].kernel
+        tiled = getattr(kernel.plan.tiles, "tiled", None)
+        assert kernel.plan.method == "gemm-shifted"
+        assert compiled or tiled is None
+        if tiled is None:  # (compiled: where the compiled product does not serve, as installed)
+            assert kernel.w_shifted.shape == (9, 6, 8)
+        else:
+            assert kernel.w_shifted.shape[1:] == (72, tiled.MR)
+        assert_close(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
 
 
 def test_a_weight_cache_keeps_the_weight_without_its_dead_taps(tmp_path):
