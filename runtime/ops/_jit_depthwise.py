@@ -30,8 +30,8 @@ each plane value loaded once for both); im2col's GEMM is only that deep
 (27), where BLAS runs at a fraction of its speed.
 
 All release the GIL, so the kernels' pool runs channel ranges of one convolution on several
-threads; `depthwise_on_threads` and `channels_last_on_threads` run them at once on numba's team
-of threads instead, where a session runs on it (parallel.team).
+threads; _jit_team.py runs them at once on numba's team of threads instead, where a session runs
+on it (parallel.team).
 
 Imported only through `jit.py`, which checks that numba is there and compiles this once per
 process (`cache=True`: later processes load the machine code from numba's cache); its leading
@@ -39,7 +39,7 @@ underscore keeps `ops.load_all`, which imports every op family, from importing i
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ._jit_activation import activate
 from ._jit_vector import nine_taps_pixels, nine_taps_row, taps_row
@@ -552,36 +552,3 @@ def depthwise_nhwc(padded, w, bias, has_bias, out, padded_w, kernel_h, kernel_w,
         _output_row(padded, w, bias, has_bias, out.reshape(-1), r, cols, channels, 0, channels, padded_w, kernel_h,
                     kernel_w, stride_h, stride_w, dilation_h, dilation_w, mode, p0, p1)
 
-
-# Shares of one convolution at once on numba's team of threads (parallel=True: its threading layer,
-# which jit.py makes a thread-safe one); the caller sets the team's threads to `parts`
-# (numba.set_num_threads, per calling thread). Each share a range of output channels.
-
-@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def depthwise_on_threads(x, w2, bias, has_bias, out, planes, fills, offsets, plane_w, plane_size, q_stride,
-                         multiplier, mode, p0, p1, parts):
-    """`depthwise` of all of out's channels in `parts` ranges at once, share p with its own phase
-    planes planes[p] (planes: (parts, phases * plane_size))."""
-    channels = out.shape[0]
-    for p in prange(parts):
-        o0, o1 = channels * p // parts, channels * (p + 1) // parts
-        if o1 > o0:
-            depthwise(x, w2, bias, has_bias, out, planes[p], fills, offsets, plane_w, plane_size, q_stride,
-                      multiplier, mode, p0, p1, o0, o1)
-
-
-@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def channels_last_on_threads(x, w, bias, has_bias, out, padded, result, padded_h, padded_w, kernel_h, kernel_w,
-                             stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode, p0, p1, staged,
-                             block, parts):
-    """`depthwise_channels_last` of all of x's channels in `parts` ranges of whole `block`s of
-    channels at once (no two shares write one cache line of the scratch)."""
-    channels = x.shape[0]
-    blocks = -(-channels // block)
-    for p in prange(parts):
-        c0 = blocks * p // parts * block
-        c1 = min(channels, blocks * (p + 1) // parts * block)
-        if c1 > c0:
-            depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h, padded_w, kernel_h,
-                                    kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode,
-                                    p0, p1, c0, c1, staged)

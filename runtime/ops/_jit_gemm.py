@@ -26,9 +26,8 @@ planes `phase_planes` fills).
 Sums are in a different order than BLAS's (and fused multiply-adds), so results differ from the
 library's in the last bits, as one BLAS's differ from another's.
 
-`product_on_threads` runs a product in shares at once on numba's team of threads (parallel=True,
-its thread-safe threading layer), and `gemm_on_threads` a BLAS library's single-threaded sgemm
-likewise, called at its address: the kernels of a session that runs on the team (parallel.team).
+`gemm_call` (an intrinsic) calls a BLAS library's cblas_sgemm at its address: _jit_team.py runs
+such calls, and `product`, in shares on numba's team of threads.
 
 Imported only through `jit.py` (see _jit_depthwise.py for why the leading underscore). numba
 caches against this file only what it inlines from _jit_activation, _jit_depthwise and _jit_vector: after
@@ -37,7 +36,7 @@ editing those, clear this module's __pycache__ as well.
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 from ._jit_activation import activate
@@ -316,37 +315,11 @@ def phase_planes(planes, image, fills, plane_w, plane_size):
         _fill(planes[c * per_channel:(c + 1) * per_channel], image[c], fills, plane_w, plane_size)
 
 
-@njit("void(uintp, uintp, int64, boolean, int64, uintp, float32[:, :], uintp, boolean, int64, float32, float32, "
-      "int64, int64, float32[:, ::1])", nogil=True, cache=True, boundscheck=False, parallel=True)
-def product_on_threads(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, n, parts, tails):
-    """`product` of all of out's rows and columns [0, n), in `parts` shares run at once on numba's
-    threads (its threading layer's team, `parts` of them): columns in runs of whole vectors where
-    there are enough for each share to take two tiles' widths, else the weight's tiles in groups of
-    TILES_A_TAIL (few columns: a 7x7 image's 49). `tails`: (parts, TAIL_SCRATCH), one a share. The
-    caller sets numba's threads to `parts` (numba.set_num_threads, per calling thread: set here, the
-    function would not be cached)."""
-    tiles = -(-out.shape[0] // MR)
-    groups = -(-tiles // TILES_A_TAIL)
-    by_columns = n >= parts * 2 * NR or groups < 2 * parts
-    vectors = n // LANES
-    for p in prange(parts):
-        if by_columns:
-            c0 = vectors * p // parts * LANES
-            c1 = n if p == parts - 1 else vectors * (p + 1) // parts * LANES
-            if c1 > c0:
-                product(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, 0, tiles, c0, c1,
-                        tails[p])
-        else:
-            t0, t1 = groups * p // parts * TILES_A_TAIL, groups * (p + 1) // parts * TILES_A_TAIL
-            if t1 > t0:
-                product(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, t0, t1, 0, n,
-                        tails[p])
-
-
-def _gemm_call(integer):
-    """The intrinsic calling a BLAS library's cblas_sgemm at an address, its integers `integer`
-    (ir.IntType: 32 for nnrun's own library, 64 for numpy's): (function, order, trans_a, trans_b, m,
-    n, k, alpha, a, lda, b, ldb, beta, c, ldc), the matrices at addresses."""
+def gemm_call(bits):
+    """The intrinsic calling a BLAS library's cblas_sgemm at an address, its integers of `bits` (32
+    for nnrun's own library, 64 for numpy's): (function, order, trans_a, trans_b, m, n, k, alpha, a,
+    lda, b, ldb, beta, c, ldc), the matrices at addresses."""
+    integer = ir.IntType(bits)
     @intrinsic
     def call(typingctx, function, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         sig = types.void(types.uintp, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
@@ -369,41 +342,3 @@ def _gemm_call(integer):
             return context.get_dummy_value()
         return sig, codegen
     return call
-
-
-_gemm32, _gemm64 = _gemm_call(ir.IntType(32)), _gemm_call(ir.IntType(64))
-_ROW_MAJOR, _NO_TRANS = 101, 111
-_ONE = np.float32(1)
-
-
-@njit("void(uintp, boolean, int64, int64, int64, int64, int64, uintp, int64, uintp, int64, float32, uintp, int64, "
-      "int64)", nogil=True, cache=True, parallel=True)
-def gemm_on_threads(function, wide, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, parts):
-    """C (M, N, rows ldc apart) = A @ B + beta * C by a BLAS library's cblas_sgemm at `function`
-    (row-major; A (M, K) or, where trans_a is TRANS, stored (K, M); B likewise), in `parts` shares at
-    once on numba's team, each a single-threaded call: the larger of C's dimensions split, columns in
-    runs of 16 (a cache line of floats) or rows. `wide`: the library's integers are 64-bit (numpy's),
-    else 32 (nnrun's own). The caller sets the team's threads to `parts`."""
-    by_columns = n >= m
-    units = n // 16 if by_columns else m
-    for p in prange(parts):
-        u0, u1 = units * p // parts, units * (p + 1) // parts
-        if by_columns:
-            c0, c1 = u0 * 16, (n if p == parts - 1 else u1 * 16)
-            at_b = b + 4 * (c0 if trans_b == _NO_TRANS else c0 * ldb)
-            if c1 > c0:
-                if wide:
-                    _gemm64(function, _ROW_MAJOR, trans_a, trans_b, m, c1 - c0, k, _ONE, a, lda, at_b, ldb, beta,
-                            c + 4 * c0, ldc)
-                else:
-                    _gemm32(function, _ROW_MAJOR, trans_a, trans_b, m, c1 - c0, k, _ONE, a, lda, at_b, ldb, beta,
-                            c + 4 * c0, ldc)
-        else:
-            at_a = a + 4 * (u0 * lda if trans_a == _NO_TRANS else u0)
-            if u1 > u0:
-                if wide:
-                    _gemm64(function, _ROW_MAJOR, trans_a, trans_b, u1 - u0, n, k, _ONE, at_a, lda, b, ldb, beta,
-                            c + 4 * u0 * ldc, ldc)
-                else:
-                    _gemm32(function, _ROW_MAJOR, trans_a, trans_b, u1 - u0, n, k, _ONE, at_a, lda, b, ldb, beta,
-                            c + 4 * u0 * ldc, ldc)

@@ -199,7 +199,7 @@ def _team_size():
             return 0
         if config.THREADING_LAYER == "default":  # (a layer the program or the environment chose is kept)
             config.THREADING_LAYER = "threadsafe"
-        from ._jit_depthwise import depthwise_on_threads
+        from ._jit_team import depthwise_on_threads
 
         # Two 1x1 channels (1 and 2) through a 3x3 window, padded, weights 1: a share each.
         x = np.array([[[1]], [[2]]], np.float32)
@@ -218,8 +218,8 @@ def _team_size():
 
 
 def on_team(name, shares):
-    """The compiled kernel `name` ("product", "gemm": _jit_gemm's product_on_threads and
-    gemm_on_threads; "depthwise", "channels_last": _jit_depthwise's ..._on_threads) as a callable
+    """The compiled kernel `name` ("product", "gemm", "depthwise", "channels_last": _jit_team's
+    ..._on_threads) as a callable
     that runs it in `shares` at once on numba's team (team_shares gives how many), taking the
     kernel's arguments up to `parts` (the product's tail scratch made here)."""
     found = _team.get((name, shares))
@@ -233,19 +233,17 @@ def _team_runner(name, shares):
     from numba import set_num_threads
 
     if name == "product":
-        from ._jit_gemm import TAIL_SCRATCH, product_on_threads
+        from ._jit_gemm import TAIL_SCRATCH
+        from ._jit_team import product_on_threads
 
         def run(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, n):
             set_num_threads(shares)  # numba's count is the calling thread's own
             product_on_threads(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, n, shares,
                                np.empty((shares, TAIL_SCRATCH), np.float32))
         return run
-    if name == "gemm":
-        from ._jit_gemm import gemm_on_threads as kernel
-    else:
-        from . import _jit_depthwise
+    from . import _jit_team
 
-        kernel = getattr(_jit_depthwise, f"{name}_on_threads")
+    kernel = getattr(_jit_team, f"{name}_on_threads")
 
     def run(*arguments):
         set_num_threads(shares)
