@@ -225,14 +225,14 @@ def planned_threads():
 
 def asks_team():
     """Marks the plans being made as splitting compiled kernels over numba's team: the session's
-    runs then run on it alone (threads.RunThreads.on_team)."""
+    runs then run on it alone (threads.RunThreads.begin)."""
     record = _PLANNED.get()
     if record is not None and record.threads > 1:
         record.team = True
 
 
 # The shares compiled kernels split into on numba's team of threads (jit.py's `on_team`), in a
-# session whose runs use it (threads.RunThreads.on_team); 1 elsewhere. numba's threads spin
+# session whose runs use it (threads.RunThreads.begin); 1 elsewhere. numba's threads spin
 # between launches (~4 us a launch); the kernels' pool wakes a sleeping thread (~30 us, far more on
 # a busy virtual machine), and BLAS's threads spin too: a session on the team runs on it alone.
 _TEAM = contextvars.ContextVar("nnrun_team", default=1)
