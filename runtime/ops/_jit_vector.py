@@ -321,3 +321,66 @@ def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_st
         each_activation(builder, mode_v, each)
         return context.get_dummy_value()
     return sig, codegen
+
+
+@intrinsic
+def nine_taps_two_rows(typingctx, planes, offsets, w, row, below, start, step, bias, mode, p0, p1):
+    """`nine_taps_row` of two output rows at once: `row` from `start`, `below` from start + step,
+    where each tap t < 6 of the row below reads what tap t + 3 of the row above does (a 3x3 window
+    at stride 1: offsets[t + 3] == offsets[t] + step, which the caller has made sure of). Twelve
+    loads a vector of both rows where two rows apart take eighteen."""
+    if not (isinstance(planes, types.Array) and planes.dtype in (types.float32, types.float64)
+            and row.dtype == below.dtype == w.dtype == planes.dtype):
+        return None
+    sig = types.void(planes, offsets, w, row, below, start, step, bias, mode, p0, p1)
+
+    def codegen(context, builder, signature, args):
+        planes_v, offsets_v, w_v, row_v, below_v, start_v, step_v, bias_v, mode_v, p0_v, p1_v = args
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in range(5)]
+        planes_a, offsets_a, w_a, row_a, below_a = arrays
+        element = context.get_value_type(signature.args[0].dtype)
+        single = signature.args[0].dtype == types.float32
+        width = WIDEST if single else WIDEST // 2
+        vector = ir.VectorType(element, width)
+        w_step = builder.sdiv(cgutils.unpack_tuple(builder, w_a.strides, 1)[0], ir.Constant(I64, 4 if single else 8))
+        n = cgutils.unpack_tuple(builder, row_a.shape, 1)[0]
+        base, offsets, weights = (untyped(builder, a.data) for a in (planes_a, offsets_a, w_a))
+        outs = [untyped(builder, a.data) for a in (row_a, below_a)]
+        b, lo, hi = (splat(builder, value, width) for value in (bias_v, p0_v, p1_v))
+        whole = builder.mul(builder.sdiv(n, ir.Constant(I64, width)), ir.Constant(I64, width))
+        left = builder.sub(n, whole)
+        tail_load, tail_store = tail_access(builder, vector, left)
+        add, zero = fma(builder, vector), ir.Constant(vector, [0.0] * width)
+
+        def at_tap(t, extra):
+            begin = builder.load(element_at(builder, offsets, ir.Constant(I64, t), I64), typ=I64)
+            return builder.add(builder.add(begin, start_v), extra)
+        no = ir.Constant(I64, 0)
+        above = [at_tap(t, no) for t in range(9)] + [at_tap(6 + dx, step_v) for dx in range(3)]
+        weight = [splat(builder, builder.load(element_at(builder, weights, builder.mul(ir.Constant(I64, t), w_step),
+                                                         element), typ=element), width) for t in range(9)]
+
+        def write(k, load, store):
+            loaded = [load(element_at(builder, base, builder.add(at, k), element)) for at in above]
+            first, second = zero, zero
+            for t in range(9):
+                first = builder.call(add, [weight[t], loaded[t], first])
+                second = builder.call(add, [weight[t], loaded[t + 3], second])
+
+            def each(kind):
+                for out, v in zip(outs, (first, second)):
+                    store(activated(builder, builder.fadd(v, b), kind, lo, hi), element_at(builder, out, k, element))
+            each_activation(builder, mode_v, each)
+
+        def plain_load(at):
+            return builder.load(at, typ=vector, align=1)
+
+        def plain_store(v, at):
+            builder.store(v, at, align=1)
+
+        with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (k, _):
+            write(k, plain_load, plain_store)
+        with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
+            write(whole, tail_load, tail_store)
+        return context.get_dummy_value()
+    return sig, codegen
