@@ -160,6 +160,16 @@ def tail_access(builder, vector, count):
     return load, store
 
 
+def plain_access(builder, vector):
+    """(load, store) of a whole `vector` at an address, unaligned: load(at); store(v, at)."""
+    def load(at):
+        return builder.load(at, typ=vector, align=1)
+
+    def store(v, at):
+        builder.store(v, at, align=1)
+    return load, store
+
+
 # Vectors of a row `taps_row` sums at once (a block) where the taps are a loop: independent chains
 # of fused multiply-adds, each tap's weight and offset loaded once for all of them.
 ROW_BLOCK = 4
@@ -230,12 +240,7 @@ def _taps_row(fixed):
                         store(activated(builder, builder.fadd(v, b), kind, lo, hi), at)
                 each_activation(builder, mode_v, each)
 
-            def plain_load(at):
-                return builder.load(at, typ=vector, align=1)
-
-            def plain_store(v, at):
-                builder.store(v, at, align=1)
-
+            plain_load, plain_store = plain_access(builder, vector)
             with cgutils.for_range_slice(builder, ir.Constant(I64, 0), blocks, ir.Constant(I64, block)) as (k, _):
                 write(k, per_pass, plain_load, plain_store)
             if not fixed:
@@ -307,12 +312,7 @@ def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_st
                 at = builder.add(builder.add(out_start_v, builder.mul(q, channels_v)), c)
                 store(activated(builder, v, kind, lo, hi), element_at(builder, out, at, element))
 
-        def plain_load(at):
-            return builder.load(at, typ=vector, align=1)
-
-        def plain_store(v, at):
-            builder.store(v, at, align=1)
-
+        plain_load, plain_store = plain_access(builder, vector)
         def each(kind):
             with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (c, _):
                 channels_of(c, plain_load, plain_store, kind)
@@ -372,12 +372,7 @@ def nine_taps_two_rows(typingctx, planes, offsets, w, row, below, start, step, b
                     store(activated(builder, builder.fadd(v, b), kind, lo, hi), element_at(builder, out, k, element))
             each_activation(builder, mode_v, each)
 
-        def plain_load(at):
-            return builder.load(at, typ=vector, align=1)
-
-        def plain_store(v, at):
-            builder.store(v, at, align=1)
-
+        plain_load, plain_store = plain_access(builder, vector)
         with cgutils.for_range_slice(builder, ir.Constant(I64, 0), whole, ir.Constant(I64, width)) as (k, _):
             write(k, plain_load, plain_store)
         with builder.if_then(builder.icmp_signed(">", left, ir.Constant(I64, 0))):
