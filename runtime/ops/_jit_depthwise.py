@@ -353,29 +353,30 @@ def _sum_taps(planes, w, offsets, acc):
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _output_row(padded, w, bias, has_bias, result, r, cols, channels, c0, n, padded_w, kernel_h, kernel_w,
                 stride_h, stride_w, dilation_h, dilation_w, mode, p0, p1):
-    """Output row r of a channels-last depthwise convolution, channels [c0, c0 + n) of each of its
-    `cols` pixels (at result[(r * cols + q) * channels + c0:][:n]), from the padded image channels
-    last (padded_w pixels of `channels` a row): its sums, then the bias and the activation."""
+    """Output row r of a channels-last depthwise convolution, channels [c0, c0 + n) of the weight's
+    `channels` (w: taps * channels, tap-major), from the padded image of those n channels only
+    (padded_w pixels of n a row) into result's (pixel q of row r at result[(r * cols + q) * n:][:n]):
+    its sums, then the bias and the activation."""
     if kernel_h == 3 and kernel_w == 3:  # in the CPU's widest vectors (_jit_vector.nine_taps_pixels)
-        line = padded_w * channels
+        line = padded_w * n
         nine_taps_pixels(padded, w[c0:], bias[c0:] if has_bias else w[c0:], has_bias, result,
-                         r * stride_h * line + c0, stride_w * channels, dilation_w * channels, dilation_h * line,
-                         r * cols * channels + c0, cols, channels, n, mode, p0, p1)
+                         r * stride_h * line, stride_w * n, dilation_w * n, dilation_h * line,
+                         r * cols * n, cols, n, channels, n, mode, p0, p1)
         return
     zero = result.dtype.type(0)
     one = result.dtype.type(1)
-    row = r * cols * channels + c0  # the row's first sums
+    row = r * cols * n  # the row's first sums
     for q in range(cols):
-        acc = result[row + q * channels:row + q * channels + n]
+        acc = result[row + q * n:row + q * n + n]
         for c in range(n):
             acc[c] = zero
     for i in range(kernel_h):
-        at = (r * stride_h + i * dilation_h) * padded_w * channels + c0
-        _row_taps(padded, w, result, at, row, cols, stride_w * channels, dilation_w * channels,
-                  i * kernel_w * channels + c0, channels, kernel_w, n)
+        at = (r * stride_h + i * dilation_h) * padded_w * n
+        _row_taps(padded, w, result, at, row, cols, stride_w * n, dilation_w * n, i * kernel_w * channels + c0,
+                  channels, kernel_w, n)
     b = bias[c0:c0 + n] if has_bias else result[row:row + n]  # (without a bias: any slice of the type)
     for q in range(cols):
-        acc = result[row + q * channels:row + q * channels + n]
+        acc = result[row + q * n:row + q * n + n]
         if has_bias:
             for c in range(n):
                 acc[c] = activate(acc[c] + b[c], mode, p0, p1, zero, one)
@@ -394,19 +395,21 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
                             stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode, p0, p1, c0, c1,
                             staged):
     """Channels [c0, c1) of one image, for small images of many channels (one output per input
-    channel). x (C, H, W); w (taps * C,): tap-major; out (C, OH, OW).
+    channel). x (C, H, W); w (taps * C,): tap-major; out (C, OH, OW); `padded` and `result`, the
+    scratch of these n = c1 - c0 channels alone (pixels n apart), so that shares of other channels
+    on other threads at once write scratch of their own (sharing one, each pixel's channels split
+    between two cores, a share on the team of two ran slower than the whole on one).
 
-    The image is copied channels last into `padded` (padded_h * padded_w * C, zero border); each
-    output pixel's C sums are made over its taps vectorised along the channels (a channels-first
+    The image is copied channels last into `padded` (padded_h * padded_w * n, zero border); each
+    output pixel's n sums are made over its taps vectorised along the channels (a channels-first
     kernel's rows are here too short to vectorise), an output row at a time (_output_row), into
-    `result` (OH * OW * C), then copied back channels first. Flat buffers
-    and slices from zero, so that LLVM sees contiguous, non-negative indices and vectorises;
-    shares of other channels may run on other threads at once.
+    `result` (OH * OW * n), then copied back channels first. Flat buffers and slices from zero, so
+    that LLVM sees contiguous, non-negative indices and vectorises.
 
-    `staged`: the caller has put the image in `result` channels last already (H * W * C) and
-    copies the result back itself (both by BLAS's transposing copy, several times faster than
-    these loops, which run about an element a cycle): here the staged image's channels [c0, c1)
-    go into `padded` a pixel at a time, contiguous runs, and `out` is not written.
+    `staged`: the caller has put the channels' image in `result` channels last already (H * W * n)
+    and copies the result back itself (both by BLAS's transposing copy, several times faster than
+    these loops, which run about an element a cycle): here the staged image goes into `padded` a
+    pixel at a time, contiguous runs, and `out` is not written.
     """
     channels, height, width = x.shape
     rows, cols = out.shape[1], out.shape[2]
@@ -416,25 +419,25 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
         inside = pad_top <= h < pad_top + height
         for v in range(padded_w):
             if not (inside and pad_left <= v < pad_left + width):
-                start = (h * padded_w + v) * channels + c0
+                start = (h * padded_w + v) * n
                 cell = padded[start:start + n]
                 for c in range(n):
                     cell[c] = zero
     if staged:
         for h in range(height):
             for v in range(width):
-                start = ((h + pad_top) * padded_w + v + pad_left) * channels + c0
-                at = (h * width + v) * channels + c0
+                start = ((h + pad_top) * padded_w + v + pad_left) * n
+                at = (h * width + v) * n
                 cell, staged_cell = padded[start:start + n], result[at:at + n]
                 for c in range(n):
                     cell[c] = staged_cell[c]
     else:
-        for b0 in range(c0, c1, BLOCK):
-            m = min(BLOCK, c1 - b0)
-            image = x[b0:b0 + m]
+        for b0 in range(0, n, BLOCK):
+            m = min(BLOCK, n - b0)
+            image = x[c0 + b0:c0 + b0 + m]
             for h in range(height):
                 for v in range(width):
-                    start = ((h + pad_top) * padded_w + v + pad_left) * channels + b0
+                    start = ((h + pad_top) * padded_w + v + pad_left) * n + b0
                     cell = padded[start:start + m]
                     for c in range(m):
                         cell[c] = image[c, h, v]
@@ -443,12 +446,12 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
                     stride_h, stride_w, dilation_h, dilation_w, mode, p0, p1)
     if staged:
         return
-    for b0 in range(c0, c1, BLOCK):
-        m = min(BLOCK, c1 - b0)
-        image = out[b0:b0 + m]
+    for b0 in range(0, n, BLOCK):
+        m = min(BLOCK, n - b0)
+        image = out[c0 + b0:c0 + b0 + m]
         for r in range(rows):
             for q in range(cols):
-                start = (r * cols + q) * channels + b0
+                start = (r * cols + q) * n + b0
                 cell = result[start:start + m]
                 for c in range(m):
                     image[c, r, q] = cell[c]
@@ -457,9 +460,9 @@ def depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h,
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channels, taps, n):
     """One kernel row's taps over one output row: for each of its `cols` pixels (sums at
-    result[row + q * channels:][:n], image at padded[at + q * col_step:]), += tap j's pixel
-    (tap_step further each) times its weights w[w_at + j * channels:][:n]. Five or three taps a
-    pass, then one; each group's weights are sliced once for the whole row."""
+    result[row + q * n:][:n], image at padded[at + q * col_step:]), += tap j's pixel (tap_step
+    further each) times its weights w[w_at + j * channels:][:n]. Five or three taps a pass, then
+    one; each group's weights are sliced once for the whole row."""
     j = 0
     while j < taps:
         group = 5 if taps - j >= 5 else (3 if taps - j >= 3 else 1)
@@ -470,10 +473,9 @@ def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channe
             w3 = w[w_at + 3 * channels:w_at + 3 * channels + n]
             w4 = w[w_at + 4 * channels:w_at + 4 * channels + n]
             q = 0
-            if col_step == channels and tap_step == channels:  # stride 1, no dilation: four pixels a pass
+            if col_step == n and tap_step == n:  # stride 1, no dilation: four pixels a pass
                 while q + 4 <= cols:
-                    _five_taps_four(padded, result, at + q * channels, row + q * channels, channels, n,
-                                    w0, w1, w2, w3, w4)
+                    _five_taps_four(padded, result, at + q * n, row + q * n, n, w0, w1, w2, w3, w4)
                     q += 4
             for q in range(q, cols):
                 s = at + q * col_step
@@ -482,7 +484,7 @@ def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channe
                 s2 = padded[s + 2 * tap_step:s + 2 * tap_step + n]
                 s3 = padded[s + 3 * tap_step:s + 3 * tap_step + n]
                 s4 = padded[s + 4 * tap_step:s + 4 * tap_step + n]
-                acc = result[row + q * channels:row + q * channels + n]
+                acc = result[row + q * n:row + q * n + n]
                 for c in range(n):
                     acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c] + s3[c] * w3[c] + s4[c] * w4[c]
         elif group == 3:
@@ -493,14 +495,14 @@ def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channe
                 s0 = padded[s:s + n]
                 s1 = padded[s + tap_step:s + tap_step + n]
                 s2 = padded[s + 2 * tap_step:s + 2 * tap_step + n]
-                acc = result[row + q * channels:row + q * channels + n]
+                acc = result[row + q * n:row + q * n + n]
                 for c in range(n):
                     acc[c] += s0[c] * w0[c] + s1[c] * w1[c] + s2[c] * w2[c]
         else:
             for q in range(cols):
                 s = at + q * col_step
                 s0 = padded[s:s + n]
-                acc = result[row + q * channels:row + q * channels + n]
+                acc = result[row + q * n:row + q * n + n]
                 for c in range(n):
                     acc[c] += s0[c] * w0[c]
         j += group
@@ -509,13 +511,13 @@ def _row_taps(padded, w, result, at, row, cols, col_step, tap_step, w_at, channe
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _five_taps_four(padded, result, s, at, channels, n, w0, w1, w2, w3, w4):
-    """_row_taps' five taps of four neighbouring pixels (stride 1, no dilation): eight columns loaded
-    once for the four and each weight once, where a pixel at a time loads five and five for five
-    products; each pixel's sum added in _row_taps' order (the same to the bit)."""
-    k1, k2, k3 = channels, 2 * channels, 3 * channels
+def _five_taps_four(padded, result, s, at, n, w0, w1, w2, w3, w4):
+    """_row_taps' five taps of four neighbouring pixels (stride 1, no dilation; pixels n apart):
+    eight columns loaded once for the four and each weight once, where a pixel at a time loads five
+    and five for five products; each pixel's sum added in _row_taps' order (the same to the bit)."""
+    k1, k2, k3 = n, 2 * n, 3 * n
     i0, i1, i2, i3 = padded[s:s + n], padded[s + k1:s + k1 + n], padded[s + k2:s + k2 + n], padded[s + k3:s + k3 + n]
-    s += 4 * channels
+    s += 4 * n
     i4, i5, i6, i7 = padded[s:s + n], padded[s + k1:s + k1 + n], padded[s + k2:s + k2 + n], padded[s + k3:s + k3 + n]
     o0, o1 = result[at:at + n], result[at + k1:at + k1 + n]
     o2, o3 = result[at + k2:at + k2 + n], result[at + k3:at + k3 + n]

@@ -342,3 +342,30 @@ def gemm_call(bits):
             return context.get_dummy_value()
         return sig, codegen
     return call
+
+
+def transpose_call(bits):
+    """The intrinsic calling a BLAS library's cblas_somatcopy (OpenBLAS's extension) at an address,
+    its integers of `bits`: (function, order, trans, rows, cols, alpha, a, lda, b, ldb), the
+    matrices at addresses."""
+    integer = ir.IntType(bits)
+
+    @intrinsic
+    def call(typingctx, function, order, trans, rows, cols, alpha, a, lda, b, ldb):
+        sig = types.void(types.uintp, types.int64, types.int64, types.int64, types.int64, types.float32, types.uintp,
+                         types.int64, types.uintp, types.int64)
+
+        def codegen(context, builder, signature, args):
+            function, order, trans, rows, cols, alpha, a, lda, b, ldb = args
+            i32 = ir.IntType(32)
+            kind = ir.FunctionType(ir.VoidType(), [i32, i32, integer, integer, _F32, PTR, integer, PTR, integer])
+            target = builder.inttoptr(function, kind.as_pointer())
+
+            def narrow(v, t):
+                return builder.trunc(v, t) if t.width < 64 else v
+            builder.call(target, [narrow(order, i32), narrow(trans, i32), narrow(rows, integer), narrow(cols, integer),
+                                  alpha, builder.inttoptr(a, PTR), narrow(lda, integer), builder.inttoptr(b, PTR),
+                                  narrow(ldb, integer)])
+            return context.get_dummy_value()
+        return sig, codegen
+    return call

@@ -18,10 +18,11 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit_depthwise import depthwise, depthwise_channels_last
-from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, product
+from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, product, transpose_call
 
 _gemm32, _gemm64 = gemm_call(32), gemm_call(64)
-_ROW_MAJOR, _NO_TRANS = 101, 111
+_transpose32, _transpose64 = transpose_call(32), transpose_call(64)
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _ONE = np.float32(1)
 
 
@@ -65,19 +66,40 @@ def depthwise_on_threads(x, w2, bias, has_bias, out, planes, fills, offsets, pla
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
 def channels_last_on_threads(x, w, bias, has_bias, out, padded, result, padded_h, padded_w, kernel_h, kernel_w,
-                             stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode, p0, p1, staged,
-                             block, parts):
+                             stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode, p0, p1, transpose,
+                             wide, block, parts):
     """`depthwise_channels_last` of all of x's channels in `parts` ranges of whole `block`s of
-    channels at once (no two shares write one cache line of the scratch)."""
-    channels = x.shape[0]
+    channels at once, float32, each share with scratch of its own: its channels' part of `padded`
+    and of `result` (the kernel's scratch of all the channels, laid out one range after another).
+    `transpose`: the address of a BLAS library's cblas_somatcopy (integers of 64 bits where `wide`),
+    by which each share copies its channels channels last into its result's room and the result
+    back (0: the kernel's own copies)."""
+    channels, height, width = x.shape
+    pixels_in, pixels_out = height * width, out.shape[1] * out.shape[2]
+    pixels, plane = max(pixels_in, pixels_out), padded_h * padded_w
+    staged = transpose != 0
     blocks = -(-channels // block)
     for p in prange(parts):
         c0 = blocks * p // parts * block
         c1 = min(channels, blocks * (p + 1) // parts * block)
-        if c1 > c0:
-            depthwise_channels_last(x, w, bias, has_bias, out, padded, result, padded_h, padded_w, kernel_h,
+        n = c1 - c0
+        if n > 0:
+            own_padded, own_result = padded[plane * c0:plane * c1], result[pixels * c0:pixels * c1]
+            if staged:
+                at_x, at_result = x.ctypes.data + 4 * c0 * pixels_in, own_result.ctypes.data
+                if wide:
+                    _transpose64(transpose, _ROW_MAJOR, _TRANS, n, pixels_in, _ONE, at_x, pixels_in, at_result, n)
+                else:
+                    _transpose32(transpose, _ROW_MAJOR, _TRANS, n, pixels_in, _ONE, at_x, pixels_in, at_result, n)
+            depthwise_channels_last(x, w, bias, has_bias, out, own_padded, own_result, padded_h, padded_w, kernel_h,
                                     kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, mode,
                                     p0, p1, c0, c1, staged)
+            if staged:
+                at_out = out.ctypes.data + 4 * c0 * pixels_out
+                if wide:
+                    _transpose64(transpose, _ROW_MAJOR, _TRANS, pixels_out, n, _ONE, at_result, n, at_out, pixels_out)
+                else:
+                    _transpose32(transpose, _ROW_MAJOR, _TRANS, pixels_out, n, _ONE, at_result, n, at_out, pixels_out)
 
 
 @njit("void(uintp, boolean, int64, int64, int64, int64, int64, uintp, int64, uintp, int64, float32, uintp, int64, "

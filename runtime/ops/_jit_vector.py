@@ -265,9 +265,9 @@ taps_row = _taps_row(None)
 
 @intrinsic
 def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_step, right, down, out_start,
-                     cols, channels, n, mode, p0, p1):
+                     cols, pixel, channels, n, mode, p0, p1):
     """One output row of a 3x3 depthwise convolution channels last (_jit_depthwise's small images):
-    for each of its `cols` pixels q and channels c < n, result[out_start + q * channels + c] = the
+    for each of its `cols` pixels q and channels c < n, result[out_start + q * pixel + c] = the
     activation `mode` (p0, p1) of bias[c] (where `has_bias`) + sum over the taps (i, j) of
     w[(3i + j) * channels + c] * padded[start + q * col_step + i * down + j * right + c]. Channels
     in vectors of the CPU's widest (the last masked), each vector's nine weights and bias held in
@@ -277,12 +277,12 @@ def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_st
     if not (isinstance(padded, types.Array) and padded.dtype in (types.float32, types.float64)
             and result == padded and w.dtype == bias.dtype == padded.dtype):
         return None
-    sig = types.void(padded, w, bias, has_bias, result, start, col_step, right, down, out_start, cols, channels, n,
-                     mode, p0, p1)
+    sig = types.void(padded, w, bias, has_bias, result, start, col_step, right, down, out_start, cols, pixel,
+                     channels, n, mode, p0, p1)
 
     def codegen(context, builder, signature, args):
         (padded_v, w_v, bias_v, has_bias_v, result_v, start_v, col_step_v, right_v, down_v, out_start_v, cols_v,
-         channels_v, n_v, mode_v, p0_v, p1_v) = args
+         pixel_v, channels_v, n_v, mode_v, p0_v, p1_v) = args
         data = [untyped(builder, context.make_array(signature.args[i])(context, builder, args[i]).data)
                 for i in (0, 1, 2, 4)]
         image, weights, biases, out = data
@@ -309,7 +309,7 @@ def nine_taps_pixels(typingctx, padded, w, bias, has_bias, result, start, col_st
                 for weight, offset in zip(taps, offsets):
                     pixel = load(element_at(builder, image, builder.add(base, offset), element))
                     v = builder.call(add, [weight, pixel, v])
-                at = builder.add(builder.add(out_start_v, builder.mul(q, channels_v)), c)
+                at = builder.add(builder.add(out_start_v, builder.mul(q, pixel_v)), c)
                 store(activated(builder, v, kind, lo, hi), element_at(builder, out, at, element))
 
         plain_load, plain_store = plain_access(builder, vector)

@@ -1670,7 +1670,7 @@ class CompiledChannelsLast:
     """Channels first, 1-D or 2-D, one output per input channel, a small image, with numba: the
     image copied channels last, each pixel's sums vectorised along the channels, the result copied
     back (_jit_depthwise.depthwise_channels_last); channel ranges, one per thread of the run for a
-    large convolution, share the scratch."""
+    large convolution, each with its part of the scratch."""
     kernel: object
     padded: tuple        # (rows, columns) of the padded image
     window: Window       # as 2-D
@@ -2130,7 +2130,8 @@ def _depthwise_compiled(x, w_taps, bias, out, plan, scratch, activation):
 
 def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
     """The compiled channels-last kernel (CompiledChannelsLast), in channel ranges of whole blocks
-    on the run's threads when large."""
+    on the run's threads when large, each range with its part of the scratch (_jit_depthwise's
+    depthwise_channels_last)."""
     how, window = plan.tiles, plan.tiles.window
     c = plan.c_in
     mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
@@ -2139,30 +2140,35 @@ def _depthwise_channels_last(x, w_taps, bias, out, plan, scratch, activation):
     bias = np.ascontiguousarray(bias) if has_bias else w  # any array of the dtype when there is none
     padded, result = scratch[:how.padded_elems], scratch[how.padded_elems:how.padded_elems + how.result_elems]
     blocks = -(-c // CHANNELS_LAST_BLOCK)
-    team = min(_team_shares(out[0].size * window.taps), blocks)
-    shares = [(b0 * CHANNELS_LAST_BLOCK, min(c, b1 * CHANNELS_LAST_BLOCK))
-              for b0, b1 in parallel.ranges(blocks, parallel.parts(out[0].size * window.taps, COMPILED_SHARE))]
+    work = out[0].size * window.taps
     geometry = (*how.padded, *window.kernel, *window.strides, *window.dilations, *window.pads_begin)
     pixels_in, pixels_out = math.prod(window.in_spatial), math.prod(window.out_spatial)
+    plane, pixels = math.prod(how.padded), max(pixels_in, pixels_out)
     # The copies to channels last and back by BLAS's transposing copy where the run's library has
     # one (576 channels of 14x14, 3x3: the kernel's own copies were ~80 of its ~104 us)
     transpose = blas.transpose(out.dtype, max(c, pixels_in, pixels_out))
     staged = transpose is not None
+    team = min(_team_shares(work), blocks) if out.dtype == np.float32 else 1
+    shares = [(b0 * CHANNELS_LAST_BLOCK, min(c, b1 * CHANNELS_LAST_BLOCK))
+              for b0, b1 in parallel.ranges(blocks, parallel.parts(work, COMPILED_SHARE))]
     for n in range(out.shape[0]):
         x_n = np.ascontiguousarray(x[n].reshape(c, *window.in_spatial))
         out_n = out[n].reshape(c, *window.out_spatial)
-        if staged:
-            transpose.rows(c, pixels_in, x_n, result)
+        if team > 1:  # each share's copies on its own thread too
+            jit.on_team("channels_last", team)(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1,
+                                               transpose.address if staged else 0, staged and transpose.wide,
+                                               CHANNELS_LAST_BLOCK)
+            continue
 
         def share(i):
-            how.kernel(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1, *shares[i], staged)
-        if team > 1:
-            jit.on_team("channels_last", team)(x_n, w, bias, has_bias, out_n, padded, result, *geometry, mode, p0, p1,
-                                               staged, CHANNELS_LAST_BLOCK)
-        else:
-            parallel.current().run(share, len(shares))  # inline when there is one
-        if staged:
-            transpose.rows(pixels_out, c, result, out_n)
+            c0, c1 = shares[i]
+            own_padded, own_result = padded[plane * c0:plane * c1], result[pixels * c0:pixels * c1]
+            if staged:
+                transpose.rows(c1 - c0, pixels_in, x_n[c0:c1], own_result)
+            how.kernel(x_n, w, bias, has_bias, out_n, own_padded, own_result, *geometry, mode, p0, p1, c0, c1, staged)
+            if staged:
+                transpose.rows(pixels_out, c1 - c0, own_result, out_n[c0:c1])
+        parallel.current().run(share, len(shares))  # inline when there is one
     if after is not None:
         _bias_activation(out, None, after, CHANNELS_FIRST)
     return out
@@ -2197,8 +2203,7 @@ def _depthwise_nhwc(x, w_taps, bias, out, plan, scratch, activation):
     return out
 
 
-# The channels-last kernel's shares are whole blocks of channels (its copies' unit), so that two
-# threads never write one cache line of the scratch.
+# The channels-last kernel's shares are whole blocks of channels (its copies' unit).
 CHANNELS_LAST_BLOCK = 16
 
 

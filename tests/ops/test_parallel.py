@@ -356,6 +356,44 @@ def test_compiled_kernels_run_on_numbas_team(monkeypatch):
 
 
 @needs_numba
+@pytest.mark.parametrize("on_team", [True, False])
+@pytest.mark.parametrize("staged", [True, False])
+@pytest.mark.parametrize("channels,size,kernel,strides", [
+    (40, (14, 14), (3, 3), (1, 1)),   # blocks of 16 shared 16 and 24
+    (72, (13, 11), (3, 3), (2, 2)),
+    (48, (9, 12), (5, 5), (1, 1)),    # taps other than nine (_row_taps)
+])
+def test_channels_last_depthwise_shares_have_scratch_of_their_own(monkeypatch, on_team, staged, channels, size,
+                                                                   kernel, strides):
+    """A small image's depthwise convolution (the channels-last kernel) shared by ranges of whole
+    blocks of channels, on numba's team or on the kernels' pool of two threads, each share with its
+    own part of the scratch; its copies by BLAS's transposing copy (staged) or the kernel's own.
+    Against onnxruntime, with a bias and an activation."""
+    if on_team:
+        _skip_without_team()
+    else:
+        monkeypatch.setattr(conv_core, "ON_TEAM", False)
+    if not staged:
+        monkeypatch.setattr(conv_core.blas, "transpose", lambda *_: None)
+    pads = [k // 2 for k in kernel] * 2
+    w, b = _data((channels, 1, *kernel), 1), _data((channels,), 2)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=channels, strides=list(strides), pads=pads),
+             helper.make_node("Relu", ["c"], ["y"])]
+    feeds = {"x": _data((2, channels, *size))}
+    model = make_model(nodes, list(feeds.items()), [("y", None)], [("w", w), ("b", b)])
+    session = _team_session(model)
+    assert isinstance(session.plan().steps[0].kernel.plan.tiles, conv_core.CompiledChannelsLast)
+    calls = []
+    on_team_runner = jit.on_team
+    monkeypatch.setattr(jit, "on_team", lambda name, shares: calls.append((name, shares)) or on_team_runner(name,
+                                                                                                           shares))
+    monkeypatch.setattr(conv_core, "TEAM_SHARE", 1)
+    monkeypatch.setattr(conv_core, "COMPILED_SHARE", 1)
+    assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0], rtol=1e-5)
+    assert calls == ([("channels_last", 2)] * 2 if on_team else [])  # (an image each)
+
+
+@needs_numba
 def test_sessions_run_on_the_team_from_two_threads_at_once():
     """Runs of two sessions on numba's team at once, from two threads (its threading layer is a
     thread-safe one): each as onnxruntime computes it."""
