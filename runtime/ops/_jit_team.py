@@ -17,6 +17,7 @@ __pycache__ as well.
 import numpy as np
 from numba import njit, prange
 
+from ._jit_activation import erf, gelu
 from ._jit_depthwise import depthwise, depthwise_channels_last
 from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, product, transpose_call
 
@@ -133,3 +134,27 @@ def gemm_on_threads(function, wide, trans_a, trans_b, m, n, k, a, lda, b, ldb, b
                 else:
                     _gemm32(function, _ROW_MAJOR, trans_a, trans_b, u1 - u0, n, k, _ONE, at_a, lda, b, ldb, beta,
                             c + 4 * u0 * ldc, ldc)
+
+
+# Elements of an elementwise kernel's share: whole cache lines of float32.
+_LINE = 16
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True, error_model="numpy")
+def erf_on_threads(x, out, parts):
+    """_jit_activation.erf of all of flat x into out, in `parts` ranges at once."""
+    lines = -(-x.shape[0] // _LINE)
+    for p in prange(parts):
+        start, end = lines * p // parts * _LINE, min(x.shape[0], lines * (p + 1) // parts * _LINE)
+        if end > start:
+            erf(x, out, start, end)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True, error_model="numpy")
+def gelu_on_threads(x, out, parts):
+    """_jit_activation.gelu of all of flat x into out, in `parts` ranges at once."""
+    lines = -(-x.shape[0] // _LINE)
+    for p in prange(parts):
+        start, end = lines * p // parts * _LINE, min(x.shape[0], lines * (p + 1) // parts * _LINE)
+        if end > start:
+            gelu(x, out, start, end)

@@ -218,8 +218,8 @@ def _team_size():
 
 
 def on_team(name, shares):
-    """The compiled kernel `name` ("product", "gemm", "depthwise", "channels_last": _jit_team's
-    ..._on_threads) as a callable
+    """The compiled kernel `name` ("product", "gemm", "depthwise", "channels_last", "erf", "gelu":
+    _jit_team's ..._on_threads) as a callable
     that runs it in `shares` at once on numba's team (team_shares gives how many), taking the
     kernel's arguments up to `parts` (the product's tail scratch made here)."""
     found = _team.get((name, shares))

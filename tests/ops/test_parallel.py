@@ -12,7 +12,7 @@ from oracle import assert_close, helper, make_model, rng, run_onnxruntime
 
 import nnrun
 from nnrun import threads
-from nnrun.ops import conv_core, jit, parallel
+from nnrun.ops import conv_core, elementwise, jit, parallel
 
 
 def test_pool_runs_each_chunk_once():
@@ -391,6 +391,30 @@ def test_channels_last_depthwise_shares_have_scratch_of_their_own(monkeypatch, o
     monkeypatch.setattr(conv_core, "COMPILED_SHARE", 1)
     assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0], rtol=1e-5)
     assert calls == ([("channels_last", 2)] * 2 if on_team else [])  # (an image each)
+
+
+@needs_numba
+def test_compiled_erf_and_gelu_run_on_the_team(monkeypatch):
+    """In a plan on numba's team (a compiled product asks for it), the compiled Erf and GELU run in
+    shares on the team too: against onnxruntime, and to the bit as one thread computes them."""
+    _skip_without_team()
+    x = _data((1, 4, 61, 45)) * 3
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Gelu", ["c"], ["g"]),
+             helper.make_node("Erf", ["g"], ["y"])]
+    model = make_model(nodes, [("x", x)], [("g", None), ("y", None)], [("w", _data((8, 4, 1, 1), 1))], opset=20)
+    calls = []
+    on_team = jit.on_team
+    monkeypatch.setattr(jit, "on_team", lambda name, shares: calls.append((name, shares)) or on_team(name, shares))
+    monkeypatch.setattr(elementwise, "TEAM_SHARE", 1000)
+    session = _team_session(model)
+    assert session.plan().on_team
+    made = session.run(None, {"x": x})
+    assert ("gelu", 2) in calls and ("erf", 2) in calls
+    for actual, expected in zip(made, run_onnxruntime(model, {"x": x})):
+        assert_close(actual, expected, rtol=1e-5)
+    alone = _team_session(model, threads=1).run(None, {"x": x})
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(made, alone))
 
 
 @needs_numba
