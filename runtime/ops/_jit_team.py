@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit_activation import erf, gelu
-from ._jit_depthwise import depthwise, depthwise_channels_last
+from ._jit_depthwise import depthwise, depthwise_channels_last, max_pool
 from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, product, transpose_call
 
 _gemm32, _gemm64 = gemm_call(32), gemm_call(64)
@@ -63,6 +63,17 @@ def depthwise_on_threads(x, w2, bias, has_bias, out, planes, fills, offsets, pla
         if o1 > o0:
             depthwise(x, w2, bias, has_bias, out, planes[p], fills, offsets, plane_w, plane_size, q_stride,
                       multiplier, mode, p0, p1, o0, o1)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def max_pool_on_threads(x, out, planes, acc, fills, offsets, plane_w, plane_size, q_stride, parts):
+    """`max_pool` of all of out's channels in `parts` ranges at once, share p with its own phase
+    planes planes[p] and sums acc[p]."""
+    channels = out.shape[0]
+    for p in prange(parts):
+        c0, c1 = channels * p // parts, channels * (p + 1) // parts
+        if c1 > c0:
+            max_pool(x, out, planes[p], acc[p], fills, offsets, plane_w, plane_size, q_stride, c0, c1)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)

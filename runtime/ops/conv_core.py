@@ -2602,6 +2602,10 @@ def pool_plan(window, kind, channels, dtype=np.float32, layout=CHANNELS_FIRST, c
         return PoolPlan(window, layout, kind, (), None, block, divisor, scratch, dtype, separable=True)
     compiled = _compiled_pool(window, kind, dtype) if layout == CHANNELS_FIRST else None
     if compiled is not None:
+        if parallel.planned_threads() > 1:
+            # split on numba's team where runs are on one (_pool_compiled; Inception's pools at two
+            # threads, in one process: runs alternating on the team / on one thread 27.1 / 28.3 ms)
+            _asks_team()
         ones = np.ones((window.taps, channels), dtype) if kind == "average" else None
         sums = compiled.acc_elems if kind == "max" else 0  # (a depthwise kernel's rows need none)
         return PoolPlan(window, layout, kind, (), None, 0, divisor, compiled.planes_elems + sums, dtype,
@@ -2636,7 +2640,9 @@ def _compiled_pool(window, kind, dtype):
     """The compiled pooling of a 1-D or 2-D window (CompiledDepthwise), or None where numba's kernels
     are off or do not pay. Against numpy's phase planes, 1 thread, max 3x3: 512 planes of 14x14
     stride 1 229 -> 169 us, 64 of 112x112 stride 2 581 -> 263 us, 832 of 7x7 150 -> 130 us;
-    average 3x3 over 192 of 35x35 443 -> 216 us."""
+    average 3x3 over 192 of 35x35 443 -> 216 us. (Where numpy's ways are chosen instead, the
+    compiled kernel does not gain by splitting on the team: Inception's 14x14 and 7x7 pools took
+    3.7 ms in all on the team of two, numpy's 3.3 on one thread.)"""
     if len(window.in_spatial) not in (1, 2):
         return None
     if _inside(window) and math.prod(window.in_spatial) < COMPILED_POOL_MIN_INSIDE:
@@ -2649,9 +2655,9 @@ def _compiled_pool(window, kind, dtype):
 
 
 def _pool_compiled(x, out, plan, scratch):
-    """The compiled kernel (PoolPlan.compiled) into `out`, channel shares on the run's threads (the
-    first in the plan's scratch, another in its own: one channel's planes); an average's sums then
-    divided."""
+    """The compiled kernel (PoolPlan.compiled) into `out`, channel shares on the run's team (each
+    share's planes its own) or threads (the first in the plan's scratch, another in its own: one
+    channel's planes); an average's sums then divided."""
     how, window = plan.compiled, plan.window
     one_row = len(window.in_spatial) == 1
     channels = x.shape[1]
@@ -2661,8 +2667,20 @@ def _pool_compiled(x, out, plan, scratch):
         raise ValueError(f"a pooling planned for {ones.shape[1]} channels was given {channels}")
     if plan.kind == "average":
         mode, p0, p1, _ = jit.activation_mode(None, out.dtype)
+    team = min(_team_shares(out[0].size * window.taps), channels)
+    if team > 1:  # each share its own planes (and a max's sums)
+        planes = np.empty((team, how.planes_elems), out.dtype)
+        acc = np.empty((team, plan.scratch_elems - how.planes_elems), out.dtype)
     for n in range(out.shape[0]):
         x_n, out_n = _as_2d_image(x, out, n, one_row)
+        if team > 1 and plan.kind == "max":
+            jit.on_team("max_pool", team)(x_n, out_n, planes, acc, how.fills, how.offsets, how.plane_w,
+                                          how.plane_size, how.q_stride)
+            continue
+        if team > 1:
+            jit.on_team("depthwise", team)(x_n, ones, ones[0], False, out_n, planes, how.fills, how.offsets,
+                                           how.plane_w, how.plane_size, how.q_stride, 1, mode, p0, p1)
+            continue
 
         def share(i):
             planes = scratch if i == 0 and scratch is not None else np.empty(plan.scratch_elems, out.dtype)

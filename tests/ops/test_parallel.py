@@ -418,6 +418,30 @@ def test_compiled_erf_and_gelu_run_on_the_team(monkeypatch):
 
 
 @needs_numba
+@pytest.mark.parametrize("op,attributes,team_kernel", [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, "max_pool"),
+    ("MaxPool", {"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 1, 1, 0]}, "max_pool"),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, "depthwise"),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1},
+     "depthwise"),
+])
+def test_compiled_pools_run_on_the_team(monkeypatch, op, attributes, team_kernel):
+    """A pooling the compiled kernel serves is split by channels on numba's team, each share with
+    planes of its own: against onnxruntime."""
+    _skip_without_team()
+    feeds = {"x": _data((2, 9, 41, 37))}
+    model = make_model([helper.make_node(op, ["x"], ["y"], **attributes)], list(feeds.items()), [("y", None)])
+    session = _team_session(model)
+    assert session.plan().on_team and session.plan().steps[0].kernel.plan.compiled is not None
+    calls = []
+    on_team = jit.on_team
+    monkeypatch.setattr(jit, "on_team", lambda name, shares: calls.append((name, shares)) or on_team(name, shares))
+    monkeypatch.setattr(conv_core, "TEAM_SHARE", 1)
+    assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0], rtol=1e-6)
+    assert calls == [(team_kernel, 2)] * 2  # (an image each)
+
+
+@needs_numba
 def test_sessions_run_on_the_team_from_two_threads_at_once():
     """Runs of two sessions on numba's team at once, from two threads (its threading layer is a
     thread-safe one): each as onnxruntime computes it."""
