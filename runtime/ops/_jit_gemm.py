@@ -369,3 +369,31 @@ def transpose_call(bits):
             return context.get_dummy_value()
         return sig, codegen
     return call
+
+
+def gemv_call(bits):
+    """The intrinsic calling a BLAS library's cblas_sgemv at an address, its integers of `bits`:
+    (function, order, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy), the arrays at
+    addresses."""
+    integer = ir.IntType(bits)
+
+    @intrinsic
+    def call(typingctx, function, order, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy):
+        sig = types.void(types.uintp, types.int64, types.int64, types.int64, types.int64, types.float32, types.uintp,
+                         types.int64, types.uintp, types.int64, types.float32, types.uintp, types.int64)
+
+        def codegen(context, builder, signature, args):
+            function, order, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy = args
+            i32 = ir.IntType(32)
+            kind = ir.FunctionType(ir.VoidType(), [i32, i32, integer, integer, _F32, PTR, integer, PTR, integer, _F32,
+                                                   PTR, integer])
+            target = builder.inttoptr(function, kind.as_pointer())
+
+            def narrow(v, t):
+                return builder.trunc(v, t) if t.width < 64 else v
+            builder.call(target, [narrow(order, i32), narrow(trans, i32), narrow(rows, integer), narrow(cols, integer),
+                                  alpha, builder.inttoptr(a, PTR), narrow(lda, integer), builder.inttoptr(x, PTR),
+                                  narrow(incx, integer), beta, builder.inttoptr(y, PTR), narrow(incy, integer)])
+            return context.get_dummy_value()
+        return sig, codegen
+    return call

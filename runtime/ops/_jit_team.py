@@ -19,9 +19,10 @@ from numba import njit, prange
 
 from ._jit_activation import erf, gelu
 from ._jit_depthwise import depthwise, depthwise_channels_last, max_pool
-from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, product, transpose_call
+from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, gemv_call, product, transpose_call
 
 _gemm32, _gemm64 = gemm_call(32), gemm_call(64)
+_gemv32, _gemv64 = gemv_call(32), gemv_call(64)
 _transpose32, _transpose64 = transpose_call(32), transpose_call(64)
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _ONE = np.float32(1)
@@ -146,6 +147,31 @@ def gemm_on_threads(function, wide, trans_a, trans_b, m, n, k, a, lda, b, ldb, b
                     _gemm32(function, _ROW_MAJOR, trans_a, trans_b, u1 - u0, n, k, _ONE, at_a, lda, b, ldb, beta,
                             c + 4 * u0 * ldc, ldc)
 
+
+
+@njit("void(uintp, boolean, int64, int64, int64, uintp, int64, uintp, int64, float32, uintp, int64, int64)",
+      nogil=True, cache=True, parallel=True)
+def gemv_on_threads(function, wide, trans, rows, cols, a, lda, x, incx, beta, y, incy, parts):
+    """y = op(A) x + beta * y by a BLAS library's cblas_sgemv at `function` (row-major; A stored
+    (rows, cols), op(A) = A, or its transpose where trans is TRANS), in `parts` shares of y at once,
+    each a single-threaded call: where A is not transposed, ranges of its rows (each share reads its
+    own part of A); else of its columns. `wide`: the library's integers are 64-bit."""
+    length = cols if trans == _TRANS else rows
+    lines = -(-length // 16)
+    for p in prange(parts):
+        u0, u1 = lines * p // parts * 16, min(length, lines * (p + 1) // parts * 16)
+        if u1 > u0:
+            if trans == _TRANS:
+                at_a, share_rows, share_cols = a + 4 * u0, rows, u1 - u0
+            else:
+                at_a, share_rows, share_cols = a + 4 * u0 * lda, u1 - u0, cols
+            at_y = y + 4 * u0 * incy
+            if wide:
+                _gemv64(function, _ROW_MAJOR, trans, share_rows, share_cols, _ONE, at_a, lda, x, incx, beta, at_y,
+                        incy)
+            else:
+                _gemv32(function, _ROW_MAJOR, trans, share_rows, share_cols, _ONE, at_a, lda, x, incx, beta, at_y,
+                        incy)
 
 # Elements of an elementwise kernel's share: whole cache lines of float32.
 _LINE = 16

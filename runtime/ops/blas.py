@@ -81,7 +81,7 @@ class Gemm:
     one column or one row (N or M of 1) is the library's ?gemv where it has one (768 x 384 by a
     vector as a ?gemm of one column took 250 us at two threads, numpy's matmul 60)."""
 
-    __slots__ = ("dtype", "_function", "_gemv", "_limit", "_address")
+    __slots__ = ("dtype", "_function", "_gemv", "_limit", "_address", "_gemv_address")
 
     def __init__(self, dtype, function, limit, gemv=None):
         self.dtype = dtype
@@ -89,6 +89,7 @@ class Gemm:
         self._gemv = gemv
         self._limit = limit  # the largest dimension or leading dimension the library's integers hold
         self._address = ctypes.cast(function, ctypes.c_void_p).value if dtype == np.float32 else None
+        self._gemv_address = ctypes.cast(gemv, ctypes.c_void_p).value if dtype == np.float32 and gemv else None
 
     def __call__(self, a, b, c, accumulate=False):
         m, k = a.shape
@@ -181,15 +182,30 @@ class Gemm:
         item = self.dtype.itemsize
         if self._gemv is not None and n == 1:  # c's column = a @ b's column
             stored = (m, k) if trans_a == NO_TRANS else (k, m)
-            self._gemv(ROW_MAJOR, trans_a, *stored, 1.0, address(a), lda, address(b), b.strides[0] // item,
-                       beta, address(c), c.strides[0] // item)
+            self._matrix_vector(trans_a, stored, address(a), lda, address(b), b.strides[0] // item, beta,
+                                address(c), c.strides[0] // item)
         elif self._gemv is not None and m == 1:  # c's row = b^T @ a's row
             stored = (k, n) if trans_b == NO_TRANS else (n, k)
-            self._gemv(ROW_MAJOR, TRANS if trans_b == NO_TRANS else NO_TRANS, *stored, 1.0, address(b), ldb,
-                       address(a), a.strides[1] // item, beta, address(c), c.strides[1] // item)
+            self._matrix_vector(TRANS if trans_b == NO_TRANS else NO_TRANS, stored, address(b), ldb, address(a),
+                                a.strides[1] // item, beta, address(c), c.strides[1] // item)
         elif not self._on_team(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc):
             self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, address(a), lda, address(b), ldb,
                            beta, address(c), ldc)
+
+
+    def _matrix_vector(self, trans, stored, a, lda, x, incx, beta, y, incy):
+        """y = op(A) x + beta * y by the library's ?gemv, A (stored: rows, cols) and the vectors at
+        addresses; in shares on numba's team where the run is on one and it is large enough
+        (TEAM_GEMM_FROM): a memory-bound product of a large weight (VGG-16's three fully connected
+        layers at two threads, in one process: 37.3 -> 20.7 ms in all)."""
+        shares = parallel.team()
+        if shares >= 2 and self._gemv_address is not None and stored[0] * stored[1] >= TEAM_GEMM_FROM:
+            from . import jit
+
+            jit.on_team("gemv", shares)(self._gemv_address, self._limit > (1 << 31), trans, *stored, a, lda, x, incx,
+                                        beta, y, incy)
+            return
+        self._gemv(ROW_MAJOR, trans, *stored, 1.0, a, lda, x, incx, beta, y, incy)
 
 
 def _layout(matrix, item):

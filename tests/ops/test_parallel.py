@@ -442,6 +442,32 @@ def test_compiled_pools_run_on_the_team(monkeypatch, op, attributes, team_kernel
 
 
 @needs_numba
+def test_matrix_vector_products_run_on_the_team(monkeypatch):
+    """In a plan on numba's team, BLAS's matrix-vector products (a row by a weight as it lies, or
+    transposed; a matrix by a column) run in shares of the result on the team, each its own part of
+    the weight where it is not transposed: against onnxruntime."""
+    _skip_without_team()
+    # (products of 1M multiply-adds and more go to BLAS: blas.MATMUL_FROM)
+    feeds = {"x": _data((1, 3, 40, 48)), "r": _data((1, 1100)), "m": _data((1001, 1100), 3)}
+    inits = [("w", _data((16, 3, 3, 3), 1)), ("k", _data((1100, 1000), 2)), ("t", _data((1003, 1100), 4)),
+             ("v", _data((1100, 1), 5))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1]),  # (the team's)
+             helper.make_node("MatMul", ["r", "k"], ["rk"]),           # a row by a weight as it lies
+             helper.make_node("Gemm", ["r", "t"], ["rt"], transB=1),   # ... by a transposed one
+             helper.make_node("MatMul", ["m", "v"], ["mv"])]           # a matrix by a column
+    model = make_model(nodes, list(feeds.items()), [("y", None), ("rk", None), ("rt", None), ("mv", None)], inits)
+    session = _team_session(model)
+    assert session.plan().on_team
+    calls = []
+    on_team = jit.on_team
+    monkeypatch.setattr(jit, "on_team", lambda name, shares: calls.append((name, shares)) or on_team(name, shares))
+    monkeypatch.setattr(conv_core.blas, "TEAM_GEMM_FROM", 1)
+    for actual, expected in zip(session.run(None, feeds), run_onnxruntime(model, feeds)):
+        assert_close(actual, expected, rtol=1e-4)
+    assert calls.count(("gemv", 2)) == 3
+
+
+@needs_numba
 def test_sessions_run_on_the_team_from_two_threads_at_once():
     """Runs of two sessions on numba's team at once, from two threads (its threading layer is a
     thread-safe one): each as onnxruntime computes it."""
