@@ -237,7 +237,35 @@ def _larger(a, b):
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _fill(planes, image, fills, plane_w, plane_size):
-    """One channel's phase planes from its image (H, W); only the parts the image covers are written.
+    """One channel's phase planes from its image (H, W): _fill_rows of all the planes' rows."""
+    _fill_rows(planes, image, fills, plane_w, plane_size, 0, plane_size // plane_w)
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def fill_rows_zeroed(planes, image, fills, plane_w, plane_size, lo, hi):
+    """Rows [lo, hi) of one channel's phase planes: the image's parts (_fill_rows) and the padding
+    around them zero, each cell written once with its value, so that shares of other rows on other
+    threads may write the rows both read (the same values) at once."""
+    zero = planes.dtype.type(0)
+    for p in range(fills.shape[0]):
+        dh0, dh1, dw0, dw1 = fills[p, 0], fills[p, 1], fills[p, 2], fills[p, 3]
+        for r in range(lo, hi):
+            row = planes[p * plane_size + r * plane_w:p * plane_size + (r + 1) * plane_w]
+            if dh0 <= r < dh1:
+                for m in range(dw0):
+                    row[m] = zero
+                for m in range(dw1, plane_w):
+                    row[m] = zero
+            else:
+                for m in range(plane_w):
+                    row[m] = zero
+    _fill_rows(planes, image, fills, plane_w, plane_size, lo, hi)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _fill_rows(planes, image, fills, plane_w, plane_size, lo, hi):
+    """Rows [lo, hi) of one channel's phase planes from its image (H, W); only the parts the image
+    covers are written.
 
     A stride-2 window's phases come in pairs that read the same input rows, one the even columns
     and one the odd: those are filled together, a row of the image split in one pass (LLVM
@@ -249,12 +277,12 @@ def _fill(planes, image, fills, plane_w, plane_size):
     p = 0
     while p < phases:
         if p + 1 < phases and _paired(fills[p], fills[p + 1]):
-            _fill_pair(planes, image, fills, p, plane_w, plane_size)
+            _fill_pair(planes, image, fills, p, plane_w, plane_size, lo, hi)
             p += 2
             continue
         dh0, dh1, dw0, dw1, sh0, shs, sw0, sws = fills[p]
         cols = dw1 - dw0
-        for r in range(dh1 - dh0):
+        for r in range(max(lo, dh0) - dh0, min(hi, dh1) - dh0):
             start = p * plane_size + (dh0 + r) * plane_w + dw0
             dst = planes[start:start + cols]
             if sws == 2:
@@ -280,13 +308,14 @@ def _paired(a, b):
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _fill_pair(planes, image, fills, p, plane_w, plane_size):
-    """Phases p and p + 1 (see `_paired`): each image row split into its even and odd columns."""
+def _fill_pair(planes, image, fills, p, plane_w, plane_size, lo, hi):
+    """Phases p and p + 1 (see `_paired`), their rows [lo, hi): each image row split into its even
+    and odd columns."""
     e, o = (p, p + 1) if fills[p, 6] < fills[p + 1, 6] else (p + 1, p)
     dh0, dh1, sh0, shs, sw0 = fills[e, 0], fills[e, 1], fills[e, 4], fills[e, 5], fills[e, 6]
     e_cols, o_cols = fills[e, 3] - fills[e, 2], fills[o, 3] - fills[o, 2]
     both = min(e_cols, o_cols)
-    for r in range(dh1 - dh0):
+    for r in range(max(lo, dh0) - dh0, min(hi, dh1) - dh0):
         src = image[sh0 + r * shs, sw0:]
         e_start = e * plane_size + (dh0 + r) * plane_w + fills[e, 2]
         o_start = o * plane_size + (dh0 + r) * plane_w + fills[o, 2]

@@ -40,7 +40,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ._jit_activation import activate
-from ._jit_depthwise import _fill
+from ._jit_depthwise import _fill, fill_rows_zeroed
 from ._jit_vector import I64, PTR, WIDEST, activated, each_activation, element_at, splat, sums_over
 
 LANES = 8          # columns a step of a tile's width: a vector of 8 float32 (AVX2's), the tail's bound
@@ -314,6 +314,32 @@ def phase_planes(planes, image, fills, plane_w, plane_size):
     for c in range(image.shape[0]):
         _fill(planes[c * per_channel:(c + 1) * per_channel], image[c], fills, plane_w, plane_size)
 
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, r0, r1, tail):
+    """Output rows [r0, r1) of a strided convolution over phase planes (conv_core.PhaseProduct),
+    into out (Cout, OH, OW) as it lies: each channel's plane rows those output rows read filled,
+    with their padding (_jit_depthwise.fill_rows_zeroed), then each output row the product of the
+    planes' rows at `rows_at` (K offsets, int64) from that row's start, by the weight packed
+    (`pack`) at address w, with the bias at address `bias` (zeros for none) and the activation.
+    Shares of other rows may run at once on other threads: the planes' rows both read are written
+    by both, with the same values."""
+    width = out.shape[2]
+    per_channel = fills.shape[0] * plane_size
+    lo, hi = plane_size, 0  # the plane rows read: from the first row's lowest tap to the last's highest
+    for t in range(rows_at.shape[0]):
+        within = rows_at[t] % plane_size
+        lo = min(lo, (within + r0 * plane_w) // plane_w)
+        hi = max(hi, (within + (r1 - 1) * plane_w + width - 1) // plane_w + 1)
+    hi = min(hi, plane_size // plane_w)
+    for c in range(image.shape[0]):
+        fill_rows_zeroed(planes[c * per_channel:(c + 1) * per_channel], image[c], fills, plane_w, plane_size, lo, hi)
+    tiles = -(-out.shape[0] // MR)
+    at = planes.ctypes.data
+    for r in range(r0, r1):
+        product(w, at + r * plane_w * 4, rows_at.ctypes.data, True, k, bias, out[:, r], 0, False, mode, p0, p1, 0,
+                tiles, 0, width, tail)
 
 def gemm_call(bits):
     """The intrinsic calling a BLAS library's cblas_sgemm at an address, its integers of `bits` (32

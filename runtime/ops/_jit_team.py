@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from ._jit_activation import erf, gelu
 from ._jit_depthwise import depthwise, depthwise_channels_last, max_pool
-from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, gemv_call, product, transpose_call
+from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, gemv_call, phase_rows, product, transpose_call
 
 _gemm32, _gemm64 = gemm_call(32), gemm_call(64)
 _gemv32, _gemv64 = gemv_call(32), gemv_call(64)
@@ -52,6 +52,20 @@ def product_on_threads(w, x, ldx, gathered, k, bias, out, residual, has_residual
                 product(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0, p1, t0, t1, 0, n,
                         tails[p])
 
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def phase_rows_on_threads(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, tails,
+                          parts):
+    """_jit_gemm.phase_rows of all of out's rows in `parts` ranges at once, each share filling the
+    plane rows its rows read (those two shares read, both: the same values) and its own tail
+    scratch tails[p]."""
+    rows = out.shape[1]
+    for p in prange(parts):
+        r0, r1 = rows * p // parts, rows * (p + 1) // parts
+        if r1 > r0:
+            phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, r0, r1,
+                       tails[p])
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
 def depthwise_on_threads(x, w2, bias, has_bias, out, planes, fills, offsets, plane_w, plane_size, q_stride,

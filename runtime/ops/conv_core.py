@@ -749,24 +749,23 @@ def shifted_tiles(w, plan):
 class PhaseProduct:
     """A strided 2-D convolution of one group (channels first) as one compiled product over its
     input's phase planes (PhaseGrid): each channel's planes filled by the compiled fill, then every
-    (tap, channel) of K a row of the planes read where it lies (`rows_at`), the sums for each
-    output row `plane_w` wide (the columns past the output's width are dropped), with the bias and
-    the activation, into `span` columns of scratch, and copied out."""
+    (tap, channel) of K a row of the planes read where it lies (`rows_at`), an output row at a time
+    from the planes' row `plane_w` further each, with the bias and the activation, into the output
+    (_jit_gemm.phase_rows)."""
     tiled: object       # the compiled product (jit.tiled_product_kernel)
     fills: np.ndarray   # the compiled fill's (phases, 8) of the grid
     rows_at: np.ndarray  # per (tap, channel), its row's offset in the planes
     plane_w: int
     plane_size: int
-    planes_elems: int   # every channel's planes
-    span: int           # (out rows - 1) * plane_w + out width: the columns summed
+    planes_elems: int   # every channel's planes: the scratch
 
 
 def with_phases(plan, force=False):
     """An im2col or few-channels plan of a constant weight made a "gemm-phases" one (its weight
     packed by `shifted_tiles`) where that serves: compiled kernels on one thread, float32, 2-D, one
     group, channels first, strided, not 1x1, K = Cin * taps up to SHIFTED_TILED_DEPTH, the planes
-    (about the input's size: the whole image is one tile) and sums, and the weight, each up to
-    twice the scratch a step may take; or where `force`d (a band of one whose weight is packed
+    (about the input's size: the whole image is one tile) and the weight each up to twice the
+    scratch a step may take; or where `force`d (a band of one whose weight is packed
     so). Else the plan as it is. (A strided stem over RGB, few-channels' own, runs faster so: see
     STEMS_BY_PRODUCT.)"""
     window = plan.window
@@ -776,34 +775,42 @@ def with_phases(plan, force=False):
         return plan
     grid = phase_grid(window)
     planes = plan.c_in * len(grid.fills) * grid.plane_size
-    span = (window.out_spatial[0] - 1) * grid.q_shape[1] + window.out_spatial[1]
-    kernel = _product_kernel(plan, force, (planes + plan.c_out * span) * plan.dtype.itemsize)
+    kernel = _product_kernel(plan, force, planes * plan.dtype.itemsize)
     if kernel is None:
         return plan
     compiled = _compiled_planes(window, grid, None)
     rows_at = _gathered_rows(compiled.offsets, plan.c_in, len(grid.fills) * grid.plane_size)
-    how = PhaseProduct(kernel, compiled.fills, rows_at, grid.plane_shape[1], grid.plane_size, planes, span)
-    size_limit.tensor_bytes((planes + plan.c_out * span,), plan.dtype, "the phase planes and their sums")
-    return replace(plan, method="gemm-phases", tiles=how, scratch_elems=planes + plan.c_out * span, windows=None)
+    how = PhaseProduct(kernel, compiled.fills, rows_at, grid.plane_shape[1], grid.plane_size, planes)
+    size_limit.tensor_bytes((planes,), plan.dtype, "the phase planes")
+    return replace(plan, method="gemm-phases", tiles=how, scratch_elems=planes, windows=None)
 
 
 def _conv_phases(x, w_tiles, bias, out, plan, scratch, activation):
-    """A "gemm-phases" plan (PhaseProduct) over every image: out = activation(conv + bias)."""
+    """A "gemm-phases" plan (PhaseProduct) over every image: out = activation(conv + bias), an
+    output row at a time into out as it lies (_jit_gemm.phase_rows), in ranges of rows on numba's
+    team where the run is on one, each range filling the rows of the planes it reads. (Before, the
+    planes filled whole and the sums into scratch, then copied out, the fill and the copy on one
+    thread: MobileNetV2's stem, processes alternating, one thread 442-636 -> 266-513 us, the team
+    of two 432-549 -> 183-293; ResNet-50's 1994-2594 -> 1644-1669, 1464-1839 -> 1157-1278.)"""
     how, kernel = plan.tiles, plan.tiles.tiled
     c_out, (rows, width) = plan.c_out, plan.window.out_spatial
     planes = scratch[:how.planes_elems]
-    sums = scratch[how.planes_elems:how.planes_elems + c_out * how.span].reshape(c_out, how.span)
-    gathered = _GatheredProduct(kernel, w_tiles, planes, how.rows_at, bias, c_out, activation)
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
+    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, out.dtype)
+    w_at, bias_at, k = blas.address(w_tiles), blas.address(bias), how.rows_at.size
+    team = min(_team_shares(c_out * k * rows * width), rows)
+    tails = np.empty((max(team, 1), kernel.TAIL_SCRATCH), out.dtype) if width % kernel.LANES or team > 1 else \
+        np.empty((1, 1), out.dtype)
     for n in range(out.shape[0]):
-        kernel.phase_planes(planes, x[n], how.fills, how.plane_w, how.plane_size)
-        gathered(sums)
-        # output row r is sums[:, r * plane_w:][:width]
-        rows_view = np.lib.stride_tricks.as_strided(sums, (c_out, rows, width),
-                                                    (sums.strides[0], how.plane_w * sums.itemsize, sums.itemsize),
-                                                    writeable=False)
-        np.copyto(out[n], rows_view)
-    if gathered.after is not None:
-        apply_activation(out, gathered.after)
+        image = np.ascontiguousarray(x[n])
+        if team > 1:
+            jit.on_team("phase_rows", team)(w_at, planes, image, how.fills, how.plane_w, how.plane_size, how.rows_at, k,
+                                            bias_at, out[n], mode, p0, p1, tails)
+        else:
+            kernel.phase_rows(w_at, planes, image, how.fills, how.plane_w, how.plane_size, how.rows_at, k, bias_at,
+                              out[n], mode, p0, p1, 0, rows, tails[0])
+    if after is not None:
+        apply_activation(out, after)
     return out
 
 

@@ -347,7 +347,7 @@ def test_compiled_kernels_run_on_numbas_team(monkeypatch):
     monkeypatch.setattr(conv_core, "TEAM_SHARE", 1)
     for actual, expected in zip(session.run(None, feeds), run_onnxruntime(model, feeds)):
         assert_close(actual, expected, rtol=1e-4)
-    assert {name for name, *_ in seen} == {"product", "depthwise", "channels_last", "gemm"}
+    assert {name for name, *_ in seen} == {"phase_rows", "product", "depthwise", "channels_last", "gemm"}
     assert all(shares == 2 and pool == 1 and team == 2 and set(counts) <= {1}
                for _, shares, pool, team, counts in seen)
     assert parallel.team() == 1  # and after the run, no team
