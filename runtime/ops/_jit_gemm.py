@@ -317,11 +317,13 @@ def phase_planes(planes, image, fills, plane_w, plane_size):
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, r0, r1, tail):
-    """Output rows [r0, r1) of a strided convolution over phase planes (conv_core.PhaseProduct),
-    into out (Cout, OH, OW) as it lies: each channel's plane rows those output rows read filled,
-    with their padding (_jit_depthwise.fill_rows_zeroed), then each output row the product of the
-    planes' rows at `rows_at` (K offsets, int64) from that row's start, by the weight packed
+def phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, first, r0, r1,
+               tail):
+    """Output rows [r0, r1) of a convolution over phase planes (conv_core.PhaseProduct; a stride-1
+    one's padded tile of rows from `first` on, one plane a channel: conv_core.ShiftedGemm), into
+    out (Cout, OH, OW) as it lies: each channel's plane rows those output rows read filled, with
+    their padding (_jit_depthwise.fill_rows_zeroed), then each output row r the product of the
+    planes' rows at `rows_at` (K offsets, int64) from plane row r - first, by the weight packed
     (`pack`) at address w, with the bias at address `bias` (zeros for none) and the activation.
     Shares of other rows may run at once on other threads: the planes' rows both read are written
     by both, with the same values."""
@@ -330,16 +332,16 @@ def phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, o
     lo, hi = plane_size, 0  # the plane rows read: from the first row's lowest tap to the last's highest
     for t in range(rows_at.shape[0]):
         within = rows_at[t] % plane_size
-        lo = min(lo, (within + r0 * plane_w) // plane_w)
-        hi = max(hi, (within + (r1 - 1) * plane_w + width - 1) // plane_w + 1)
+        lo = min(lo, (within + (r0 - first) * plane_w) // plane_w)
+        hi = max(hi, (within + (r1 - 1 - first) * plane_w + width - 1) // plane_w + 1)
     hi = min(hi, plane_size // plane_w)
     for c in range(image.shape[0]):
         fill_rows_zeroed(planes[c * per_channel:(c + 1) * per_channel], image[c], fills, plane_w, plane_size, lo, hi)
     tiles = -(-out.shape[0] // MR)
     at = planes.ctypes.data
     for r in range(r0, r1):
-        product(w, at + r * plane_w * 4, rows_at.ctypes.data, True, k, bias, out[:, r], 0, False, mode, p0, p1, 0,
-                tiles, 0, width, tail)
+        product(w, at + (r - first) * plane_w * 4, rows_at.ctypes.data, True, k, bias, out[:, r], 0, False, mode, p0,
+                p1, 0, tiles, 0, width, tail)
 
 def gemm_call(bits):
     """The intrinsic calling a BLAS library's cblas_sgemm at an address, its integers of `bits` (32

@@ -55,17 +55,17 @@ def product_on_threads(w, x, ldx, gathered, k, bias, out, residual, has_residual
 
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
-def phase_rows_on_threads(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, tails,
-                          parts):
-    """_jit_gemm.phase_rows of all of out's rows in `parts` ranges at once, each share filling the
-    plane rows its rows read (those two shares read, both: the same values) and its own tail
+def phase_rows_on_threads(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, first,
+                          start, end, tails, parts):
+    """_jit_gemm.phase_rows of out's rows [start, end) in `parts` ranges at once, each share filling
+    the plane rows its rows read (those two shares read, both: the same values), with its own tail
     scratch tails[p]."""
-    rows = out.shape[1]
+    rows = end - start
     for p in prange(parts):
-        r0, r1 = rows * p // parts, rows * (p + 1) // parts
+        r0, r1 = start + rows * p // parts, start + rows * (p + 1) // parts
         if r1 > r0:
-            phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, r0, r1,
-                       tails[p])
+            phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, first, r0,
+                       r1, tails[p])
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
 def depthwise_on_threads(x, w2, bias, has_bias, out, planes, fills, offsets, plane_w, plane_size, q_stride,

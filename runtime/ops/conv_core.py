@@ -621,12 +621,14 @@ class ShiftedGemm:
     tiles: tuple        # ((r0, r1), ...): output rows of each tile
     scratch_elems: int  # the padded tile, C * ((rows + halo) * width + slack), and its output, Cout * rows * width
     # With compiled kernels (`with_tiles`): the compiled product (_jit_gemm) by the weight packed in
-    # its tiles, all taps in one call that reads the padded tile's rows where they lie: channel c's
-    # plane `plane` elements from the last (the largest tile's), `rows_at` the offset of each
-    # (tap, channel) row of K. None: a BLAS GEMM a tap.
+    # its tiles, all taps in one call an output row that reads the padded tile's rows where they
+    # lie: channel c's plane `plane` elements from the last (the largest tile's), `rows_at` the
+    # offset of each (tap, channel) row of K, `fills` each tile's compiled fill (_tile_fill). None:
+    # a BLAS GEMM a tap.
     tiled: object = field(default=None, compare=False)
     plane: int = 0
     rows_at: object = field(default=None, compare=False)
+    fills: tuple = field(default=None, compare=False)
 
 
 def _shifted_gemm(window, c_in, c_out, group, dtype, layout, scratch_limit, force=False, by_product=False):
@@ -695,9 +697,20 @@ def with_tiles(plan, force=False):
     kernel = _product_kernel(plan, force)
     if kernel is None:
         return plan
-    plane = (max(r1 - r0 for r0, r1 in how.tiles) + how.halo) * how.width + how.slack
-    return replace(plan, tiles=replace(how, tiled=kernel, plane=plane,
-                                       rows_at=_gathered_rows(how.offsets, plan.c_in, plane)))
+    plane = (max(r1 - r0 for r0, r1 in how.tiles) + how.halo) * how.width
+    return replace(plan, tiles=replace(how, tiled=kernel, plane=plane, rows_at=_gathered_rows(how.offsets, plan.c_in,
+                                                                                             plane),
+                                       fills=tuple(_tile_fill(plan.window, how, r0, r1) for r0, r1 in how.tiles)),
+                   scratch_elems=plan.c_in * plane)
+
+
+def _tile_fill(window, how, r0, r1):
+    """The compiled fill's (1, 8) of output rows [r0, r1)'s padded tile (ShiftedGemm): tile row j
+    holds input row r0 - top + j, its columns from `left` on the image's."""
+    height, in_width = window.in_spatial
+    top, left = window.pads_begin
+    lo, hi = max(0, r0 - top), min(height, r1 - top + how.halo)
+    return np.array([[lo - (r0 - top), hi - (r0 - top), left, left + in_width, lo, 1, 0, 1]], np.int64)
 
 
 def _product_kernel(plan, force, scratch_bytes=0):
@@ -793,46 +806,32 @@ def _conv_phases(x, w_tiles, bias, out, plan, scratch, activation):
     thread: MobileNetV2's stem, processes alternating, one thread 442-636 -> 266-513 us, the team
     of two 432-549 -> 183-293; ResNet-50's 1994-2594 -> 1644-1669, 1464-1839 -> 1157-1278.)"""
     how, kernel = plan.tiles, plan.tiles.tiled
-    c_out, (rows, width) = plan.c_out, plan.window.out_spatial
+    c_out, rows = plan.c_out, plan.window.out_spatial[0]
     planes = scratch[:how.planes_elems]
     mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
     bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, out.dtype)
-    w_at, bias_at, k = blas.address(w_tiles), blas.address(bias), how.rows_at.size
-    team = min(_team_shares(c_out * k * rows * width), rows)
-    tails = np.empty((max(team, 1), kernel.TAIL_SCRATCH), out.dtype) if width % kernel.LANES or team > 1 else \
-        np.empty((1, 1), out.dtype)
+    w_at, bias_at = blas.address(w_tiles), blas.address(bias)
     for n in range(out.shape[0]):
-        image = np.ascontiguousarray(x[n])
-        if team > 1:
-            jit.on_team("phase_rows", team)(w_at, planes, image, how.fills, how.plane_w, how.plane_size, how.rows_at, k,
-                                            bias_at, out[n], mode, p0, p1, tails)
-        else:
-            kernel.phase_rows(w_at, planes, image, how.fills, how.plane_w, how.plane_size, how.rows_at, k, bias_at,
-                              out[n], mode, p0, p1, 0, rows, tails[0])
+        _phase_rows(kernel, w_at, planes, np.ascontiguousarray(x[n]), how.fills, how.plane_w, how.plane_size,
+                    how.rows_at, bias_at, out[n], mode, p0, p1, 0, 0, rows)
     if after is not None:
         apply_activation(out, after)
     return out
 
 
-class _GatheredProduct:
-    """The compiled product over a gathered X (`rows_at` into `x`: the kernel's gathered rows) by a
-    weight packed in its tiles, with the bias (zeros for none) and the activation: its arguments
-    made once for a convolution's call, then `(sums)` fills sums (Cout, columns) for each tile;
-    `after` is what is left of the activation to apply."""
-
-    def __init__(self, kernel, w_tiles, x, rows_at, bias, c_out, activation):
-        self.kernel, self.k = kernel, rows_at.size
-        self.mode, self.p0, self.p1, self.after = jit.activation_mode(activation, x.dtype)
-        self.bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, x.dtype)
-        address = blas.address
-        self.addresses = address(w_tiles), address(x), address(rows_at)
-        self.bias_at = address(self.bias)
-        self.tail = np.empty(kernel.TAIL_SCRATCH, x.dtype)
-
-    def __call__(self, sums):
-        w_at, x_at, rows_at = self.addresses
-        run_product(self.kernel, w_at, x_at, rows_at, True, self.k, self.bias_at, sums, blas.address(sums), False,
-                    self.mode, self.p0, self.p1, self.tail)
+def _phase_rows(kernel, w_at, planes, image, fills, plane_w, plane_size, rows_at, bias_at, out, mode, p0, p1, first,
+                r0, r1):
+    """kernel.phase_rows of out's rows [r0, r1) (the planes' rows from `first`), in ranges of rows
+    on numba's team where the run is on one."""
+    c_out, width, k = out.shape[0], out.shape[2], rows_at.size
+    team = min(_team_shares(c_out * k * (r1 - r0) * width), r1 - r0)
+    tails = np.empty((max(team, 1), kernel.TAIL_SCRATCH if width % kernel.LANES or team > 1 else 1), out.dtype)
+    if team > 1:
+        jit.on_team("phase_rows", team)(w_at, planes, image, fills, plane_w, plane_size, rows_at, k, bias_at, out, mode,
+                                        p0, p1, first, r0, r1, tails)
+    else:
+        kernel.phase_rows(w_at, planes, image, fills, plane_w, plane_size, rows_at, k, bias_at, out, mode, p0, p1,
+                          first, r0, r1, tails[0])
 
 
 def shifted_taps(w, plan):
@@ -891,24 +890,22 @@ def _padded_tile(x_n, padded, how, window, r0, r1):
 
 
 def _conv_shifted_tiled(x, w_tiles, bias, out, plan, scratch, activation):
-    """A `with_tiles` "gemm-shifted" plan: per tile of output rows the padded tile, then one call
-    of the compiled product over all taps, with the bias and the activation, into the tile's
-    output (Cout, rows * width), whose first `out width` columns of each row are copied out."""
-    how, window = plan.tiles, plan.window
-    kernel, c_in, c_out = how.tiled, plan.c_in, plan.c_out
-    width, out_width = how.width, window.out_spatial[1]
-    planes = scratch[:c_in * how.plane].reshape(c_in, how.plane)
-    gathered = _GatheredProduct(kernel, w_tiles, planes, how.rows_at, bias, c_out, activation)
+    """A `with_tiles` "gemm-shifted" plan: per tile of output rows its padded tile, one plane a
+    channel, and each output row the compiled product over all taps from its row of the tile, with
+    the bias and the activation, into out as it lies (_phase_rows: on numba's team in ranges of
+    rows, each filling the tile's rows it reads, where the run is on one)."""
+    how, kernel, c_out = plan.tiles, plan.tiles.tiled, plan.c_out
+    planes = scratch[:plan.c_in * how.plane]
+    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
+    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, out.dtype)
+    w_at, bias_at = blas.address(w_tiles), blas.address(bias)
     for n in range(out.shape[0]):
-        for r0, r1 in how.tiles:
-            rows = r1 - r0
-            _padded_tile(x[n], planes[:, :(rows + how.halo) * width + how.slack], how, window, r0, r1)
-            span = rows * width
-            result = scratch[planes.size:planes.size + c_out * span].reshape(c_out, span)
-            gathered(result)
-            np.copyto(out[n, :, r0:r1], result.reshape(c_out, rows, width)[:, :, :out_width])
-    if gathered.after is not None:
-        apply_activation(out, gathered.after)
+        image = np.ascontiguousarray(x[n])
+        for (r0, r1), fills in zip(how.tiles, how.fills):
+            _phase_rows(kernel, w_at, planes, image, fills, how.width, how.plane, how.rows_at, bias_at, out[n], mode,
+                        p0, p1, r0, r0, r1)
+    if after is not None:
+        apply_activation(out, after)
     return out
 
 
