@@ -425,3 +425,29 @@ def gemv_call(bits):
             return context.get_dummy_value()
         return sig, codegen
     return call
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def scatter_taps(cols, bias, has_bias, out, row0, c0, c1):
+    """A transposed convolution's taps that do not overlap (2-D, kernel = strides: a U-Net's 2x2
+    up-convolution) into its output, channels [c0, c1): out[c, (row0 + r) * kh + i, q * kw + j] =
+    cols[c, i, j, r, q] + bias[c] (where `has_bias`); cols (C, kh, kw, rows, W) the product's
+    columns of rows [row0, row0 + rows) of the input, out (C, OH, OW). numpy's strided copy of a
+    tap took ~1 ns an element, most of such a convolution's time."""
+    kh, kw, rows, width = cols.shape[1], cols.shape[2], cols.shape[3], cols.shape[4]
+    zero = out.dtype.type(0)
+    for c in range(c0, c1):
+        b = bias[c] if has_bias else zero
+        for i in range(kh):
+            for r in range(rows):
+                dst = out[c, (row0 + r) * kh + i]
+                if kw == 2:  # two taps' rows interleaved
+                    a, z = cols[c, i, 0, r], cols[c, i, 1, r]
+                    for q in range(width):
+                        dst[2 * q] = a[q] + b
+                        dst[2 * q + 1] = z[q] + b
+                else:
+                    for j in range(kw):
+                        src = cols[c, i, j, r]
+                        for q in range(width):
+                            dst[q * kw + j] = src[q] + b

@@ -19,7 +19,8 @@ from numba import njit, prange
 
 from ._jit_activation import erf, gelu
 from ._jit_depthwise import depthwise, depthwise_channels_last, max_pool
-from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, gemm_call, gemv_call, phase_rows, product, transpose_call
+from ._jit_gemm import (LANES, MR, NR, TILES_A_TAIL, gemm_call, gemv_call, phase_rows, product, scatter_taps,
+                        transpose_call)
 
 _gemm32, _gemm64 = gemm_call(32), gemm_call(64)
 _gemv32, _gemv64 = gemv_call(32), gemv_call(64)
@@ -186,6 +187,16 @@ def gemv_on_threads(function, wide, trans, rows, cols, a, lda, x, incx, beta, y,
             else:
                 _gemv32(function, _ROW_MAJOR, trans, share_rows, share_cols, _ONE, at_a, lda, x, incx, beta, at_y,
                         incy)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+def scatter_taps_on_threads(cols, bias, has_bias, out, row0, parts):
+    """_jit_gemm.scatter_taps of all of cols' channels in `parts` ranges at once."""
+    channels = cols.shape[0]
+    for p in prange(parts):
+        c0, c1 = channels * p // parts, channels * (p + 1) // parts
+        if c1 > c0:
+            scatter_taps(cols, bias, has_bias, out, row0, c0, c1)
 
 # Elements of an elementwise kernel's share: whole cache lines of float32.
 _LINE = 16

@@ -218,10 +218,10 @@ def _team_size():
 
 
 def on_team(name, shares):
-    """The compiled kernel `name` ("product", "gemm", "depthwise", "channels_last", "erf", "gelu":
-    _jit_team's ..._on_threads) as a callable
-    that runs it in `shares` at once on numba's team (team_shares gives how many), taking the
-    kernel's arguments up to `parts` (the product's tail scratch made here)."""
+    """The compiled kernel `name` ("product", "gemm", "gemv", "phase_rows", "depthwise", "channels_last",
+    "max_pool", "scatter_taps", "erf", "gelu": _jit_team's ..._on_threads) as a callable that runs
+    it in `shares` at once on numba's team (team_shares gives how many), taking the kernel's
+    arguments up to `parts` (the product's tail scratch made here)."""
     found = _team.get((name, shares))
     if found is None:
         with _lock:
@@ -273,6 +273,12 @@ def target_features():
         return set(binding.get_host_cpu_features().flatten().split(","))
     except Exception:  # noqa: BLE001 - no numba (_kernel reports it), or the host's features unknown
         return None
+
+
+def scatter_taps_kernel(dtype):
+    """The compiled scatter of a transposed convolution's taps that do not overlap
+    (_jit_gemm.scatter_taps), as depthwise_kernel."""
+    return _kernel("scatter_taps", dtype)
 
 
 def elementwise_kernel(name):
@@ -431,6 +437,19 @@ def _check_elementwise(name):
     return check
 
 
+def _check_scatter_taps(dtype):
+    from ._jit_gemm import scatter_taps
+
+    # One channel, one input pixel, 2x2 taps 1..4 (plus a bias of 10) into a 2x2 output; and 1x3.
+    out = np.empty((1, 2, 2), dtype)
+    scatter_taps(np.arange(1, 5, dtype=dtype).reshape(1, 2, 2, 1, 1), np.full(1, 10, dtype), True, out, 0, 0, 1)
+    _expect("scatter of taps", tuple(out.ravel()), (11, 12, 13, 14))
+    out = np.empty((1, 1, 3), dtype)
+    scatter_taps(np.arange(1, 4, dtype=dtype).reshape(1, 1, 3, 1, 1), np.zeros(1, dtype), False, out, 0, 0, 1)
+    _expect("scatter of taps (a loop over them)", tuple(out.ravel()), (1, 2, 3))
+    return scatter_taps
+
+
 def _expect(what, got, wanted):
     if got != wanted:
         raise RuntimeError(f"the compiled {what} kernel's self-check gave {got}, not {wanted}")
@@ -440,6 +459,7 @@ _SELF_CHECKS = {"depthwise": _check_depthwise, "depthwise_channels_last": _check
                 "depthwise_nhwc": _check_depthwise_nhwc, "max_pool": _check_max_pool,
                 "few_channels": _check_few_channels,
                 "epilogue": _check_epilogue, "tiled_product": _check_tiled_product,
+                "scatter_taps": _check_scatter_taps,
                 "erf": _check_elementwise("erf"), "gelu": _check_elementwise("gelu")}
 
 

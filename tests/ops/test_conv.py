@@ -1182,6 +1182,34 @@ def _team_here():
         return jit.team_shares(2) > 0
 
 
+@needs_numba
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("x_shape, w_shape, bias", [
+    ((1, 6, 9, 7), (6, 5, 2, 2), True),      # U-Net's up-convolution: two taps a row interleaved
+    ((2, 4, 5, 6), (4, 3, 3, 3), False),     # 3x3 at stride 3: the taps in a loop
+    ((1, 3, 4, 5), (3, 2, 2, 3), True),
+])
+def test_compiled_scatter_of_disjoint_transposed_convolutions(monkeypatch, threads, x_shape, w_shape, bias):
+    """A transposed convolution whose taps do not overlap (kernel = strides) copies its columns into
+    the output by the compiled kernel (jit.scatter_taps_kernel), with the bias; on two threads in
+    ranges of channels on numba's team: against onnxruntime."""
+    if threads == 2 and not _team_here():
+        pytest.skip("numba has no thread-safe team of two threads here")
+    feeds = {"x": _data(x_shape)}
+    inits = [("w", _data(w_shape, 1))] + ([("b", _data((w_shape[1],), 2))] if bias else [])
+    node = helper.make_node("ConvTranspose", ["x"] + [n for n, _ in inits], ["y"], strides=list(w_shape[2:]))
+    model = make_model([node], list(feeds.items()), [("y", None)], inits)
+    session = _tiled_session(model, threads=threads)
+    plan = session.plan().steps[0].kernel.plan
+    assert plan.disjoint and plan.scatter is not None
+    calls = []
+    on_team = jit.on_team
+    monkeypatch.setattr(jit, "on_team", lambda name, shares: calls.append((name, shares)) or on_team(name, shares))
+    monkeypatch.setattr(conv_core, "TEAM_SHARE", 1)
+    assert_close(session.run(None, feeds)[0], run_onnxruntime(model, feeds)[0])
+    assert ("scatter_taps", 2) in calls if threads == 2 else not calls
+
+
 def _tiled_session(model, threads=1, **options):
     so = nnrun.SessionOptions()
     so.compiled_kernels = True
