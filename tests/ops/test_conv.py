@@ -679,7 +679,7 @@ def test_which_convolutions_take_the_few_channels_kernel(monkeypatch):
 @needs_numba
 @pytest.mark.parametrize("x_shape, w_shape, attrs, method, budget", [
     # (budgets: a share of the arena below it and above the least the model runs in, in bands)
-    ((1, 3, 64, 70), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "gemm-shifted", 2 / 3),                # U-Net's stem
+    ((1, 3, 64, 70), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "gemm-shifted", 1 / 3),                # U-Net's stem
     ((2, 3, 66, 64), (24, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, "gemm-phases", 1 / 3),  # MobileNet's
     ((1, 1, 120, 100), (8, 1, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2]}, "gemm-phases", 2 / 3),
 ])

@@ -469,22 +469,23 @@ def test_matrix_vector_products_run_on_the_team(monkeypatch):
 
 @needs_numba
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
-    ((2, 5, 13, 11), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
-    ((1, 4, 12, 10), (3, 4, 5, 3), {"pads": [2, 0, 1, 2], "dilations": [1, 2]}),
-    ((1, 3, 6, 6), (4, 3, 3, 3), {"pads": [3, 3, 3, 3]}),                # rows and taps all padding
+    # (outputs 64 wide: rows of whole vectors and wide enough, conv_core.ROWS_FROM_WIDTH)
+    ((2, 5, 13, 64), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 4, 12, 66), (3, 4, 5, 3), {"pads": [2, 0, 1, 2], "dilations": [1, 2]}),
+    ((1, 3, 6, 60), (4, 3, 3, 3), {"pads": [3, 3, 3, 3]}),                # rows and taps all padding
 ])
-@pytest.mark.parametrize("limit", [4000, 1 << 20])  # tiles of a few rows, or the image
+@pytest.mark.parametrize("limit", [12000, 1 << 20])  # tiles of a few rows, or the image
 def test_shifted_convolutions_by_the_product_share_rows_on_the_team(monkeypatch, x_shape, w_shape, attrs, limit):
-    """A stride-1 convolution by the compiled product (conv_core.with_tiles) on numba's team: each
-    tile's output rows in ranges at once, each filling the padded tile's rows it reads (the scratch
-    full of NaN): against onnxruntime."""
+    """A stride-1 convolution by the compiled product (conv_core.with_tiles) of wide rows on
+    numba's team: each tile's output rows in ranges at once, each filling the padded tile's rows it
+    reads (the scratch full of NaN): against onnxruntime."""
     _skip_without_team()
     x, w, b = _data(x_shape), _data(w_shape, 1), _data((w_shape[0],), 2)
     window = conv_core.make_window(x_shape[2:], w_shape[2:], None, attrs.get("dilations"), attrs.get("pads"))
     with jit.chosen(True):
         plan = conv_core.with_tiles(conv_core.conv_plan(window, x_shape[1], w_shape[0], scratch_limit=limit,
                                                         shifted=True), force=True)
-    assert plan.method == "gemm-shifted" and plan.tiles.tiled is not None
+    assert plan.method == "gemm-shifted" and plan.tiles.tiled is not None and plan.tiles.fills is not None
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
                         helper.make_node("Relu", ["c"], ["y"])], [("x", x)], [("y", None)], [("w", w), ("b", b)])
     expected = run_onnxruntime(model, {"x": x})[0]
