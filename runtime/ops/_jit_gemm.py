@@ -20,14 +20,14 @@ its sums are independent chains.
 
 X's rows are `ldx` elements apart (a pointwise convolution's image, a band of it), or *gathered*:
 each row where an array of offsets says (a convolution's (tap, channel) rows of K, each a view
-of a padded tile or of phase planes shifted by the tap: conv_core.with_tiles, with_phases, whose
-planes `phase_planes` fills).
+of a padded tile or of phase planes shifted by the tap: conv_core.with_tiles, with_phases; an
+output row at a time into the output by `phase_rows`, which fills the rows of the planes it reads).
 
 Sums are in a different order than BLAS's (and fused multiply-adds), so results differ from the
 library's in the last bits, as one BLAS's differ from another's.
 
-`gemm_call` (an intrinsic) calls a BLAS library's cblas_sgemm at its address: _jit_team.py runs
-such calls, and `product`, in shares on numba's team of threads.
+`blas_call` (an intrinsic) calls a BLAS library's cblas_sgemm, sgemv or somatcopy at its address:
+_jit_team.py runs such calls, and `product`, in shares on numba's team of threads.
 
 Imported only through `jit.py` (see _jit_depthwise.py for why the leading underscore). numba
 caches against this file only what it inlines from _jit_activation, _jit_depthwise and _jit_vector: after
@@ -40,7 +40,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ._jit_activation import activate
-from ._jit_depthwise import _fill, fill_rows_zeroed
+from ._jit_depthwise import fill_rows_zeroed
 from ._jit_vector import I64, PTR, WIDEST, activated, each_activation, element_at, splat, sums_over
 
 LANES = 8          # columns a step of a tile's width: a vector of 8 float32 (AVX2's), the tail's bound
@@ -303,18 +303,6 @@ def product(w, x, ldx, gathered, k, bias, out, residual, has_residual, mode, p0,
                     out[row, ends + c] = activate(v, mode, p0, p1, zero, one)
 
 
-@njit("void(float32[::1], float32[:, :, :], int64[:, ::1], int64, int64)", nogil=True, cache=True,
-      boundscheck=False)
-def phase_planes(planes, image, fills, plane_w, plane_size):
-    """Every channel's phase planes (_jit_depthwise._fill: a stride-2 row split into its even and
-    odd columns in one pass), channel c's `fills.shape[0]` planes from c * that * plane_size;
-    where no input lies, zeros."""
-    planes[:] = 0
-    per_channel = fills.shape[0] * plane_size
-    for c in range(image.shape[0]):
-        _fill(planes[c * per_channel:(c + 1) * per_channel], image[c], fills, plane_w, plane_size)
-
-
 
 @njit(nogil=True, cache=True, boundscheck=False)
 def phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, first, r0, r1,
@@ -343,90 +331,6 @@ def phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, o
         product(w, at + (r - first) * plane_w * 4, rows_at.ctypes.data, True, k, bias, out[:, r], 0, False, mode, p0,
                 p1, 0, tiles, 0, width, tail)
 
-def gemm_call(bits):
-    """The intrinsic calling a BLAS library's cblas_sgemm at an address, its integers of `bits` (32
-    for nnrun's own library, 64 for numpy's): (function, order, trans_a, trans_b, m, n, k, alpha, a,
-    lda, b, ldb, beta, c, ldc), the matrices at addresses."""
-    integer = ir.IntType(bits)
-    @intrinsic
-    def call(typingctx, function, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-        sig = types.void(types.uintp, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
-                         types.float32, types.uintp, types.int64, types.uintp, types.int64, types.float32, types.uintp,
-                         types.int64)
-
-        def codegen(context, builder, signature, args):
-            function, order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc = args
-            i32 = ir.IntType(32)
-            kind = ir.FunctionType(ir.VoidType(), [i32, i32, i32, integer, integer, integer, _F32, PTR, integer, PTR,
-                                                   integer, _F32, PTR, integer])
-            target = builder.inttoptr(function, kind.as_pointer())
-
-            def narrow(v, t):
-                return builder.trunc(v, t) if t.width < 64 else v
-            builder.call(target, [narrow(order, i32), narrow(trans_a, i32), narrow(trans_b, i32), narrow(m, integer),
-                                  narrow(n, integer), narrow(k, integer), alpha, builder.inttoptr(a, PTR),
-                                  narrow(lda, integer), builder.inttoptr(b, PTR), narrow(ldb, integer), beta,
-                                  builder.inttoptr(c, PTR), narrow(ldc, integer)])
-            return context.get_dummy_value()
-        return sig, codegen
-    return call
-
-
-def transpose_call(bits):
-    """The intrinsic calling a BLAS library's cblas_somatcopy (OpenBLAS's extension) at an address,
-    its integers of `bits`: (function, order, trans, rows, cols, alpha, a, lda, b, ldb), the
-    matrices at addresses."""
-    integer = ir.IntType(bits)
-
-    @intrinsic
-    def call(typingctx, function, order, trans, rows, cols, alpha, a, lda, b, ldb):
-        sig = types.void(types.uintp, types.int64, types.int64, types.int64, types.int64, types.float32, types.uintp,
-                         types.int64, types.uintp, types.int64)
-
-        def codegen(context, builder, signature, args):
-            function, order, trans, rows, cols, alpha, a, lda, b, ldb = args
-            i32 = ir.IntType(32)
-            kind = ir.FunctionType(ir.VoidType(), [i32, i32, integer, integer, _F32, PTR, integer, PTR, integer])
-            target = builder.inttoptr(function, kind.as_pointer())
-
-            def narrow(v, t):
-                return builder.trunc(v, t) if t.width < 64 else v
-            builder.call(target, [narrow(order, i32), narrow(trans, i32), narrow(rows, integer), narrow(cols, integer),
-                                  alpha, builder.inttoptr(a, PTR), narrow(lda, integer), builder.inttoptr(b, PTR),
-                                  narrow(ldb, integer)])
-            return context.get_dummy_value()
-        return sig, codegen
-    return call
-
-
-def gemv_call(bits):
-    """The intrinsic calling a BLAS library's cblas_sgemv at an address, its integers of `bits`:
-    (function, order, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy), the arrays at
-    addresses."""
-    integer = ir.IntType(bits)
-
-    @intrinsic
-    def call(typingctx, function, order, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy):
-        sig = types.void(types.uintp, types.int64, types.int64, types.int64, types.int64, types.float32, types.uintp,
-                         types.int64, types.uintp, types.int64, types.float32, types.uintp, types.int64)
-
-        def codegen(context, builder, signature, args):
-            function, order, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy = args
-            i32 = ir.IntType(32)
-            kind = ir.FunctionType(ir.VoidType(), [i32, i32, integer, integer, _F32, PTR, integer, PTR, integer, _F32,
-                                                   PTR, integer])
-            target = builder.inttoptr(function, kind.as_pointer())
-
-            def narrow(v, t):
-                return builder.trunc(v, t) if t.width < 64 else v
-            builder.call(target, [narrow(order, i32), narrow(trans, i32), narrow(rows, integer), narrow(cols, integer),
-                                  alpha, builder.inttoptr(a, PTR), narrow(lda, integer), builder.inttoptr(x, PTR),
-                                  narrow(incx, integer), beta, builder.inttoptr(y, PTR), narrow(incy, integer)])
-            return context.get_dummy_value()
-        return sig, codegen
-    return call
-
-
 @njit(nogil=True, cache=True, boundscheck=False)
 def scatter_taps(cols, bias, has_bias, out, row0, c0, c1):
     """A transposed convolution's taps that do not overlap (2-D, kernel = strides: a U-Net's 2x2
@@ -451,3 +355,48 @@ def scatter_taps(cols, bias, has_bias, out, row0, c0, c1):
                         src = cols[c, i, j, r]
                         for q in range(width):
                             dst[q * kw + j] = src[q] + b
+
+
+# The arguments of the CBLAS functions compiled kernels call at their addresses (blas_call): an
+# enumeration (an int), the library's integer, a float, a pointer.
+_ENUM, _INT, _FLOAT, _POINTER = "enum", "int", "float", "pointer"
+_CBLAS = {
+    # cblas_sgemm: order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc
+    "gemm": (_ENUM, _ENUM, _ENUM, _INT, _INT, _INT, _FLOAT, _POINTER, _INT, _POINTER, _INT, _FLOAT, _POINTER, _INT),
+    # cblas_sgemv: order, trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy
+    "gemv": (_ENUM, _ENUM, _INT, _INT, _FLOAT, _POINTER, _INT, _POINTER, _INT, _FLOAT, _POINTER, _INT),
+    # cblas_somatcopy (OpenBLAS's extension): order, trans, rows, cols, alpha, a, lda, b, ldb
+    "omatcopy": (_ENUM, _ENUM, _INT, _INT, _FLOAT, _POINTER, _INT, _POINTER, _INT),
+}
+
+
+def blas_call(name, bits):
+    """The intrinsic calling a BLAS library's float32 CBLAS function `name` ("gemm", "gemv",
+    "omatcopy": _CBLAS) at an address, its integers of `bits` (32 for nnrun's own library, 64 for
+    numpy's): (function, then the function's arguments: enumerations and integers as int64,
+    scalars as float32, the matrices and vectors at addresses)."""
+    kinds = _CBLAS[name]
+    integer = ir.IntType(bits)
+    i32 = ir.IntType(32)
+    typed = {_ENUM: (types.int64, i32), _INT: (types.int64, integer), _FLOAT: (types.float32, _F32),
+             _POINTER: (types.uintp, PTR)}
+
+    @intrinsic
+    def call(typingctx, function, *arguments):
+        sig = types.void(types.uintp, types.StarArgTuple.from_types([typed[kind][0] for kind in kinds]))
+
+        def codegen(context, builder, signature, args):
+            kind = ir.FunctionType(ir.VoidType(), [typed[k][1] for k in kinds])
+            target = builder.inttoptr(args[0], kind.as_pointer())
+            values = []
+            for i, k in enumerate(kinds):
+                value = builder.extract_value(args[1], i)
+                if k == _POINTER:
+                    value = builder.inttoptr(value, PTR)
+                elif k != _FLOAT and typed[k][1].width < 64:
+                    value = builder.trunc(value, typed[k][1])
+                values.append(value)
+            builder.call(target, values)
+            return context.get_dummy_value()
+        return sig, codegen
+    return call

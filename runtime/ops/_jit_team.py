@@ -19,12 +19,11 @@ from numba import njit, prange
 
 from ._jit_activation import erf, gelu
 from ._jit_depthwise import depthwise, depthwise_channels_last, max_pool
-from ._jit_gemm import (LANES, MR, NR, TILES_A_TAIL, gemm_call, gemv_call, phase_rows, product, scatter_taps,
-                        transpose_call)
+from ._jit_gemm import LANES, MR, NR, TILES_A_TAIL, blas_call, phase_rows, product, scatter_taps
 
-_gemm32, _gemm64 = gemm_call(32), gemm_call(64)
-_gemv32, _gemv64 = gemv_call(32), gemv_call(64)
-_transpose32, _transpose64 = transpose_call(32), transpose_call(64)
+_gemm32, _gemm64 = blas_call("gemm", 32), blas_call("gemm", 64)
+_gemv32, _gemv64 = blas_call("gemv", 32), blas_call("gemv", 64)
+_transpose32, _transpose64 = blas_call("omatcopy", 32), blas_call("omatcopy", 64)
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _ONE = np.float32(1)
 
