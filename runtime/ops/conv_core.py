@@ -710,10 +710,10 @@ def with_tiles(plan, force=False):
 
 
 # A stride-1 product by the compiled kernel writes an output row at a time into the output where
-# its rows are at least this wide and whole vectors (U-Net's 256- to 64-wide: 1.3-2x faster, on
-# the team more); narrower rows, each a product of its own, lose more than the copy costs
-# (ResNet-50's 56- to 7-wide 3x3 convolutions: the whole model 86-93 -> 99-165 ms on one thread):
-# there the tile's columns are summed in one product and copied out.
+# its rows are at least this wide and whole vectors (U-Net's 256-wide: 1.3-2x faster, on the team
+# more); narrower rows, each a product of its own, lose more than the copy costs (ResNet-50's 56-
+# to 7-wide 3x3 convolutions: the whole model 86-93 -> 99-165 ms on one thread): there the tile's
+# columns are summed in one product and copied out. (Widths between 56 and 256 not measured.)
 ROWS_FROM_WIDTH = 64
 
 
