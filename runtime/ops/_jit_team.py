@@ -2,7 +2,8 @@
 functions, each a `prange` over shares of one kernel, on numba's threading layer (jit.py makes it
 a thread-safe one, OpenMP's or TBB's, and checks it: jit.team_shares). A session with compiled
 kernels on several threads runs on the team alone (ops/parallel.py: `team`), its products, depthwise
-convolutions and BLAS products through these.
+convolutions, pools, transposed convolutions' copies, GELU and erf, and BLAS products (matrix
+by matrix or by vector) through these.
 
 A module of its own, imported by jit.py only when a plan for several threads asks for the team:
 loading a `parallel=True` function starts the threading layer's threads (and ~18 MB of RSS), which
@@ -53,7 +54,6 @@ def product_on_threads(w, x, ldx, gathered, k, bias, out, residual, has_residual
                         tails[p])
 
 
-
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
 def phase_rows_on_threads(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, first,
                           start, end, tails, parts):
@@ -66,6 +66,7 @@ def phase_rows_on_threads(w, planes, image, fills, plane_w, plane_size, rows_at,
         if r1 > r0:
             phase_rows(w, planes, image, fills, plane_w, plane_size, rows_at, k, bias, out, mode, p0, p1, first, r0,
                        r1, tails[p])
+
 
 @njit(nogil=True, cache=True, boundscheck=False, parallel=True)
 def depthwise_on_threads(x, w2, bias, has_bias, out, planes, fills, offsets, plane_w, plane_size, q_stride,
@@ -162,7 +163,6 @@ def gemm_on_threads(function, wide, trans_a, trans_b, m, n, k, a, lda, b, ldb, b
                             c + 4 * u0 * ldc, ldc)
 
 
-
 @njit("void(uintp, boolean, int64, int64, int64, uintp, int64, uintp, int64, float32, uintp, int64, int64)",
       nogil=True, cache=True, parallel=True)
 def gemv_on_threads(function, wide, trans, rows, cols, a, lda, x, incx, beta, y, incy, parts):
@@ -196,6 +196,7 @@ def scatter_taps_on_threads(cols, bias, has_bias, out, row0, parts):
         c0, c1 = channels * p // parts, channels * (p + 1) // parts
         if c1 > c0:
             scatter_taps(cols, bias, has_bias, out, row0, c0, c1)
+
 
 # Elements of an elementwise kernel's share: whole cache lines of float32.
 _LINE = 16

@@ -81,13 +81,14 @@ class Gemm:
     one column or one row (N or M of 1) is the library's ?gemv where it has one (768 x 384 by a
     vector as a ?gemm of one column took 250 us at two threads, numpy's matmul 60)."""
 
-    __slots__ = ("dtype", "_function", "_gemv", "_limit", "_address", "_gemv_address")
+    __slots__ = ("dtype", "_function", "_gemv", "_limit", "_wide", "_address", "_gemv_address")
 
     def __init__(self, dtype, function, limit, gemv=None):
         self.dtype = dtype
         self._function = function
         self._gemv = gemv
         self._limit = limit  # the largest dimension or leading dimension the library's integers hold
+        self._wide = limit > (1 << 31)  # its integers are 64-bit (compiled kernels call it so)
         self._address = ctypes.cast(function, ctypes.c_void_p).value if dtype == np.float32 else None
         self._gemv_address = ctypes.cast(gemv, ctypes.c_void_p).value if dtype == np.float32 and gemv else None
 
@@ -140,7 +141,7 @@ class Gemm:
             return False
         from . import jit
 
-        jit.on_team("gemm", shares)(self._address, self._limit > (1 << 31), trans_a, trans_b, m, n, k, address(a),
+        jit.on_team("gemm", shares)(self._address, self._wide, trans_a, trans_b, m, n, k, address(a),
                                     lda, address(b), ldb, beta, address(c), ldc)
         return True
 
@@ -192,7 +193,6 @@ class Gemm:
             self._function(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, address(a), lda, address(b), ldb,
                            beta, address(c), ldc)
 
-
     def _matrix_vector(self, trans, stored, a, lda, x, incx, beta, y, incy):
         """y = op(A) x + beta * y by the library's ?gemv, A (stored: rows, cols) and the vectors at
         addresses; in shares on numba's team where the run is on one and it is large enough
@@ -202,7 +202,7 @@ class Gemm:
         if shares >= 2 and self._gemv_address is not None and stored[0] * stored[1] >= TEAM_GEMM_FROM:
             from . import jit
 
-            jit.on_team("gemv", shares)(self._gemv_address, self._limit > (1 << 31), trans, *stored, a, lda, x, incx,
+            jit.on_team("gemv", shares)(self._gemv_address, self._wide, trans, *stored, a, lda, x, incx,
                                         beta, y, incy)
             return
         self._gemv(ROW_MAJOR, trans, *stored, 1.0, a, lda, x, incx, beta, y, incy)
