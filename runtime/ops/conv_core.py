@@ -821,15 +821,21 @@ def _conv_phases(x, w_tiles, bias, out, plan, scratch, activation):
     how, kernel = plan.tiles, plan.tiles.tiled
     c_out, rows = plan.c_out, plan.window.out_spatial[0]
     planes = scratch[:how.planes_elems]
-    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
-    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, out.dtype)
-    w_at, bias_at = blas.address(w_tiles), blas.address(bias)
+    bias, w_at, bias_at, (mode, p0, p1, after) = _product_arguments(w_tiles, bias, c_out, activation, out.dtype)
     for n in range(out.shape[0]):
         _phase_rows(kernel, w_at, planes, np.ascontiguousarray(x[n]), how.fills, how.plane_w, how.plane_size,
                     how.rows_at, bias_at, out[n], mode, p0, p1, 0, 0, rows)
     if after is not None:
         apply_activation(out, after)
     return out
+
+
+def _product_arguments(w_tiles, bias, c_out, activation, dtype):
+    """(bias, w_tiles' address, the bias's, jit.activation_mode(activation)) of a call of the
+    compiled product over planes: the bias contiguous, zeros for none (the caller keeps it while
+    the kernel reads it at its address)."""
+    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, dtype)
+    return bias, blas.address(w_tiles), blas.address(bias), jit.activation_mode(activation, dtype)
 
 
 def _phase_rows(kernel, w_at, planes, image, fills, plane_w, plane_size, rows_at, bias_at, out, mode, p0, p1, first,
@@ -912,9 +918,7 @@ def _conv_shifted_tiled(x, w_tiles, bias, out, plan, scratch, activation):
         return _conv_shifted_span(x, w_tiles, bias, out, plan, scratch, activation)
     how, kernel, c_out = plan.tiles, plan.tiles.tiled, plan.c_out
     planes = scratch[:plan.c_in * how.plane]
-    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
-    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, out.dtype)
-    w_at, bias_at = blas.address(w_tiles), blas.address(bias)
+    bias, w_at, bias_at, (mode, p0, p1, after) = _product_arguments(w_tiles, bias, c_out, activation, out.dtype)
     for n in range(out.shape[0]):
         image = np.ascontiguousarray(x[n])
         for (r0, r1), fills in zip(how.tiles, how.fills):
@@ -933,9 +937,8 @@ def _conv_shifted_span(x, w_tiles, bias, out, plan, scratch, activation):
     kernel, c_in, c_out = how.tiled, plan.c_in, plan.c_out
     width, out_width = how.width, window.out_spatial[1]
     planes = scratch[:c_in * how.plane].reshape(c_in, how.plane)
-    mode, p0, p1, after = jit.activation_mode(activation, out.dtype)
-    bias = np.ascontiguousarray(bias) if bias is not None else np.zeros(c_out, out.dtype)
-    w_at, x_at, rows_at, bias_at = (blas.address(a) for a in (w_tiles, planes, how.rows_at, bias))
+    bias, w_at, bias_at, (mode, p0, p1, after) = _product_arguments(w_tiles, bias, c_out, activation, out.dtype)
+    x_at, rows_at = blas.address(planes), blas.address(how.rows_at)
     tail = np.empty(kernel.TAIL_SCRATCH, out.dtype)
     for n in range(out.shape[0]):
         for r0, r1 in how.tiles:
